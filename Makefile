@@ -1,0 +1,36 @@
+# Two commands set up and use rewritec on a fresh machine:
+#   make demo   - compile the built-in CPU example and print what fired
+#   make test   - run the whole test suite
+# Both create .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# On a machine without an NVIDIA GPU, pin the CPU build of torch so pip never
+# pulls gigabytes of CUDA wheels. GPU users keep whatever torch they install.
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: demo test bench bench-quick lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/rewritec compile examples/mlp.py --out rewritec_out
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+bench-quick: $(VENV)/.installed
+	$(PY) -m benchmarks.run --quick
+
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks.run
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf rewritec_out .pytest_cache

@@ -1,0 +1,26 @@
+"""Loading Jinja templates from `templates/` (package data)."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+@cache
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        autoescape=False,
+    )
+
+
+def render_template(name: str, **context: Any) -> str:
+    return environment().get_template(name).render(**context)

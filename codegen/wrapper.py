@@ -1,0 +1,158 @@
+"""Lowering a term graph to one straight-line Python function.
+
+The wrapper calls ATen for every term that no generated kernel covers (the
+always-correct fallback) and launches kernels for the groups that one does.
+Python computes every line; `templates/wrapper.py.j2` only lays them out.
+Identifiers that reach the generated source are either validated names
+(`aten.add.Tensor`) or our own counters (`v3`, `_g1`); every other object is
+bound in the function's globals, never spelled out as source.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine.term import Graph, Term
+from ..frontend.aten import Bridge, Opaque, Slot
+from .templates import render_template
+
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass
+class Lowered:
+    source: str
+    fn: Any
+    fallback_ops: Counter[str] = field(default_factory=Counter)
+
+
+class Emitter:
+    """Names values and objects while the wrapper's lines are written."""
+
+    def __init__(self) -> None:
+        self.globals: dict[str, Any] = {"torch": torch, "aten": torch.ops.aten}
+        self.names: dict[Term, str] = {}
+        self._bound: dict[int, str] = {}
+
+    def bind(self, obj: Any, prefix: str = "_g") -> str:
+        key = id(obj)
+        if key not in self._bound:
+            name = f"{prefix}{len(self._bound)}"
+            self._bound[key] = name
+            self.globals[name] = obj
+        return self._bound[key]
+
+    def callable_name(self, fn: Any) -> str:
+        if isinstance(fn, torch._ops.OpOverload) and fn.namespace == "aten":
+            name = f"aten.{fn._schema.name.split('::')[-1]}.{fn._overloadname}"
+            if _DOTTED.match(name):
+                return name
+        return self.bind(fn, "_f")
+
+    def literal(self, v: Any) -> str:
+        if v is None or isinstance(v, bool | int):
+            return repr(v)
+        if isinstance(v, float):
+            return repr(v) if math.isfinite(v) else f"float('{v}')"
+        if isinstance(v, str):
+            return repr(v)
+        if isinstance(v, Opaque):
+            return self.literal(v.value)
+        if isinstance(v, list):
+            return "[" + ", ".join(self.literal(x) for x in v) + "]"
+        if isinstance(v, tuple):
+            return "(" + "".join(self.literal(x) + ", " for x in v) + ")"
+        if isinstance(v, torch.dtype):
+            return f"torch.{str(v).removeprefix('torch.')}"
+        return self.bind(v)
+
+    def value(self, t: Term) -> str:
+        if t.op == "const":
+            return self.literal(t.value)
+        if t.op == "tensor":
+            return self.bind(t.attr("value").value, "_c")
+        return self.names[t]
+
+    def args(self, spec: Any, operands: list[Term]) -> str:
+        if isinstance(spec, Slot):
+            return self.value(operands[spec.index])
+        if isinstance(spec, list):
+            return "[" + ", ".join(self.args(s, operands) for s in spec) + "]"
+        if isinstance(spec, tuple):
+            return "(" + "".join(self.args(s, operands) + ", " for s in spec) + ")"
+        return self.literal(spec)
+
+
+def aten_line(em: Emitter, bridge: Bridge, term: Term, target: str) -> str:
+    if term.op == "getitem":
+        return f"{target} = {em.value(term.args[0])}[{int(term.attr('index'))}]"
+    fn, args, kwargs, order = bridge.call_parts(term)
+    parts = [em.args(a, order) for a in args]
+    parts += [f"{k}={em.args(v, order)}" for k, v in kwargs.items()]
+    return f"{target} = {em.callable_name(fn)}({', '.join(parts)})"
+
+
+def op_label(term: Term) -> str:
+    """The name of the ATen op a term runs, for the fallback statistics."""
+    if term.op in ("aten", "call"):
+        return str(term.attr("target"))
+    return term.op
+
+
+def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
+          kernel_lines: dict[Term, tuple[str, list[Term]]] | None = None,
+          clone_outputs: set[Term] | None = None) -> Lowered:
+    """Render the wrapper for `graph`. `kernel_lines` maps a term to the line
+    (and the operand terms it reads) that computes it with a generated kernel."""
+    em = Emitter()
+    kernel_lines = kernel_lines or {}
+    order = [t for t in graph.terms() if t.op not in ("const", "tensor")]
+    for t in graph.inputs:
+        em.names[t] = f"a{t.attr('index')}"
+    # Find each value's last use so intermediates are freed as early as eager would.
+    reads: dict[Term, list[Term]] = {}
+    for t in order:
+        if t.op != "input":
+            reads[t] = kernel_lines[t][1] if t in kernel_lines else list(t.args)
+    last_use: dict[Term, int] = {}
+    for i, t in enumerate(order):
+        for a in reads.get(t, ()):
+            last_use[a] = i
+    keep = {o for o in graph.outputs if o is not None}
+    body: list[str] = []
+    fallback: Counter[str] = Counter()
+    for i, t in enumerate(order):
+        if t.op == "input":
+            continue
+        em.names[t] = f"v{i}"
+        if t in kernel_lines:
+            body.append(kernel_lines[t][0].format(out=em.names[t]))
+        else:
+            body.append(aten_line(em, bridge, t, em.names[t]))
+            if t.op != "getitem":
+                fallback[op_label(t)] += 1
+        dead = [a for a in reads[t] if last_use.get(a) == i and a not in keep
+                and a.op not in ("const", "tensor", "input")]
+        if dead:
+            body.append("del " + ", ".join(sorted({em.names[a] for a in dead})))
+    outs = []
+    for o in graph.outputs:
+        if o is None:
+            outs.append("None")
+        elif clone_outputs and o in clone_outputs:
+            outs.append(f"{em.value(o)}.clone()")
+        else:
+            outs.append(em.value(o))
+    source = render_template(
+        "wrapper.py.j2", graph_name=name, rules=rules or [],
+        kernels=sorted({line.split("(")[0].split("= ")[-1] for line, _ in kernel_lines.values()}),
+        inputs=[em.names[t] for t in graph.inputs], body=body, outputs=outs)
+    namespace = dict(em.globals)
+    exec(compile(source, f"<rewritec wrapper {name}>", "exec"), namespace)  # noqa: S102
+    return Lowered(source, namespace["call"], fallback)

@@ -1,0 +1,131 @@
+"""Compiling one captured ATen graph: convert -> rewrite -> lower.
+
+    FX graph --frontend.convert--> terms --engine.pipeline (PHASES)--> terms
+             --codegen.wrapper--> one straight-line Python function
+
+Whatever goes wrong for a graph, the result stays correct: the graph falls
+back to running the captured FX graph eagerly, with a warning naming why
+(`strict` turns that into an error).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import report
+from .codegen.wrapper import lower
+from .engine.errors import CompileError, RewritecError
+from .engine.term import Graph
+from .frontend.aten import Bridge
+from .frontend.convert import fx_to_terms
+from .options import Options
+
+_graph_ids = itertools.count()
+
+
+class RewritecWarning(UserWarning):
+    """rewritec fell back to ATen/eager for part or all of a graph."""
+
+
+def _fake_mode(example_inputs: list[Any]) -> Any:
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(example_inputs)
+
+
+def dump_graph(graph: Graph) -> str:
+    """A readable listing of a term graph, one term per line."""
+    names = {}
+    lines = []
+    for i, t in enumerate(graph.terms()):
+        if t.op == "const":
+            names[t] = repr(t.value)
+            continue
+        names[t] = f"%{i}"
+        if t.op == "input":
+            lines.append(f"%{i} = input {t.attr('name')} ({t.attr('kind')}) : {t.meta.short()}")
+            continue
+        label = str(t.attr("target")) if t.op in ("aten", "call") else t.op
+        args = ", ".join(names[a] for a in t.args)
+        attrs = ", ".join(f"{k}={v!r}" for k, v in t.attrs if k not in ("target", "spec"))
+        lines.append(f"%{i} = {label}({args}{', ' if args and attrs else ''}{attrs})"
+                     f" : {t.meta.short()}")
+    outs = ", ".join("None" if o is None else names[o] for o in graph.outputs)
+    lines.append(f"return ({outs})")
+    return "\n".join(lines)
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, *,
+               kind: str, params: list[bool] | None = None) -> Any:
+    """Compile one ATen-level FX graph; returns a boxed callable (takes a list)."""
+    name = f"g{next(_graph_ids)}_{kind}"
+    rec = report.GraphRecord(name=name, kind=kind)
+    report.RECORDS.append(rec)
+    start = time.perf_counter()
+    try:
+        fn = _compile(gm, example_inputs, opts, name, rec, params)
+    except Exception as e:  # noqa: BLE001 - any failure means: run the graph eagerly
+        reason = e.message if isinstance(e, RewritecError) and hasattr(e, "message") else \
+            f"{type(e).__name__}: {e}"
+        if opts.strict:
+            raise CompileError(f"rewritec could not compile graph {name}: {reason}") from e
+        warnings.warn(f"rewritec: graph {name} falls back to eager ATen: {reason}",
+                      RewritecWarning, stacklevel=2)
+        rec.status, rec.reason = "fallback", reason
+        fn = _boxed(gm.forward)
+    rec.compile_seconds = time.perf_counter() - start
+    return fn
+
+
+def _boxed(fn: Any) -> Any:
+    def call(args: list[Any]) -> Any:
+        return fn(*args)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str,
+             rec: report.GraphRecord, params: list[bool] | None) -> Any:
+    bridge = Bridge(_fake_mode(example_inputs))
+    conv = fx_to_terms(gm, bridge, params)
+    graph = conv.graph
+    rec.nodes_in = len(graph.terms())
+    outputs_were_inputs = {o for o in graph.outputs if o is not None and o.op == "input"}
+    if opts.rewrite:
+        from .engine.pipeline import run_pipeline
+        from .rulesets import ruleset_for
+
+        result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
+                              context=conv)
+        graph = result.graph
+        rec.rules_fired.update(result.fired)
+        rec.stop_reason = result.stop_reason
+    rec.nodes_out = len(graph.terms())
+    # A rewrite can turn an output into a graph input (x * 1 -> x); eager returned
+    # a fresh tensor there, so the wrapper must too.
+    aliased = {o for o in graph.outputs
+               if o is not None and o.op == "input" and o not in outputs_were_inputs}
+    lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=aliased)
+    rec.fallback_ops.update(lowered.fallback_ops)
+    if opts.out_dir:
+        out = Path(opts.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {
+            "captured": (f"{name}.captured.txt", gm.print_readable(print_output=False)),
+            "final": (f"{name}.final.txt", dump_graph(graph)),
+            "wrapper": (f"{name}.wrapper.py", lowered.source),
+        }
+        for key, (fname, text) in files.items():
+            (out / fname).write_text(text)
+            rec.files[key] = str(out / fname)
+    fn = lowered.fn
+    fn._boxed_call = True
+    return fn

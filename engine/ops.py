@@ -1,0 +1,106 @@
+"""The op table (`rules/ops.yaml`): names, ATen overloads, operands, categories.
+
+The engine consults it to validate rules (unknown ops, arity, attributes),
+to know which ops are commutative, and the code generators read the
+pointwise expressions from it. It is plain data: no torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from .errors import RuleError, Where
+from .yamlio import load_yaml
+
+RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+CATEGORIES = ("pointwise", "reduction", "view", "extern")
+# Ops that exist in every graph but not in the table.
+BUILTIN_OPS = ("input", "const", "getitem", "aten", "call", "tensor", "kernel")
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    aten: tuple[str, ...]
+    args: tuple[str, ...]
+    attrs: dict[str, Any] = field(hash=False)
+    category: str
+    commutative: bool = False
+    associative: bool = False
+    infix: str | None = None
+    prefix: str | None = None
+    triton: str | None = None
+    cpp: str | None = None
+    outputs: int = 1
+    combine: str | None = None
+    where: Where | None = None
+
+    def default_attrs(self) -> tuple[tuple[str, Any], ...]:
+        from .term import freeze
+
+        return tuple((k, freeze(v)) for k, v in self.attrs.items())
+
+
+class OpTable:
+    def __init__(self, ops: dict[str, OpInfo]) -> None:
+        self.ops = ops
+        self.by_aten: dict[str, OpInfo] = {}
+        for op in ops.values():
+            for overload in op.aten:
+                self.by_aten[overload] = op
+        self.infix = {op.infix: op.name for op in ops.values() if op.infix}
+        self.prefix = {op.prefix: op.name for op in ops.values() if op.prefix}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.ops or name in BUILTIN_OPS
+
+    def get(self, name: str) -> OpInfo | None:
+        return self.ops.get(name)
+
+    def category(self, name: str) -> str:
+        op = self.ops.get(name)
+        return op.category if op else "extern"
+
+
+_KNOWN_FIELDS = {f for f in OpInfo.__dataclass_fields__ if f not in ("where",)}
+
+
+def load_op_table(path: Path | None = None) -> OpTable:
+    path = path or RULES_DIR / "ops.yaml"
+    doc, lines = load_yaml(path)
+    ops: dict[str, OpInfo] = {}
+    for i, entry in enumerate(doc.get("ops", [])):
+        where = Where(str(path), lines.get(("ops", i), 0), rule=entry.get("name"))
+        unknown = set(entry) - _KNOWN_FIELDS
+        if unknown:
+            raise RuleError(f"unknown op-table field(s): {', '.join(sorted(unknown))}", where)
+        if entry.get("category") not in CATEGORIES:
+            raise RuleError(f"category must be one of {CATEGORIES}", where)
+        info = OpInfo(
+            name=entry["name"],
+            aten=tuple(entry["aten"]),
+            args=tuple(entry.get("args", ())),
+            attrs=dict(entry.get("attrs") or {}),
+            category=entry["category"],
+            commutative=bool(entry.get("commutative", False)),
+            associative=bool(entry.get("associative", False)),
+            infix=entry.get("infix"),
+            prefix=entry.get("prefix"),
+            triton=entry.get("triton"),
+            cpp=entry.get("cpp"),
+            outputs=int(entry.get("outputs", 1)),
+            combine=entry.get("combine"),
+            where=where,
+        )
+        if info.name in ops or info.name in BUILTIN_OPS:
+            raise RuleError(f"op {info.name!r} is defined twice", where)
+        ops[info.name] = info
+    return OpTable(ops)
+
+
+@cache
+def default_op_table() -> OpTable:
+    return load_op_table()

@@ -1,0 +1,64 @@
+"""Safe YAML loading that remembers the line of every key and list item.
+
+Only `yaml.SafeLoader` is used (no python tags, no code), and duplicate keys
+are an error instead of silently keeping the last one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RuleError, Where
+
+Lines = dict[tuple[Any, ...], int]
+
+
+def load_yaml(path: Path | str, text: str | None = None) -> tuple[Any, Lines]:
+    """Parse a YAML file; return the data and a map from key path to line."""
+    path = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise RuleError(f"cannot read rule file: {e}", Where(path)) from None
+    lines: Lines = {}
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = _build(loader, node, (), lines, path) if node is not None else {}
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        problem = e.problem or e.context or "syntax error"
+        raise RuleError(f"malformed YAML: {problem}", Where(path, line, col)) from None
+    except yaml.YAMLError as e:
+        raise RuleError(f"malformed YAML: {e}", Where(path)) from None
+    return data, lines
+
+
+def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], lines: Lines,
+           file: str) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int | float | bool):
+                raise RuleError("mapping keys must be plain scalars",
+                                Where(file, key_node.start_mark.line + 1))
+            if key in out:
+                raise RuleError(f"duplicate key {key!r}",
+                                Where(file, key_node.start_mark.line + 1,
+                                      key_node.start_mark.column + 1))
+            out[key] = _build(loader, value_node, path + (key,), lines, file)
+            lines[path + (key,)] = key_node.start_mark.line + 1
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(loader, item, path + (i,), lines, file) for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)

@@ -1,0 +1,20 @@
+"""`rewritec.compile(model, **options)`: torch.compile with the rewritec backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..options import Options
+from .backend import rewritec_backend
+
+
+def compile_model(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False,
+                  **options: Any) -> Any:
+    Options.make(options)  # reject unknown options now, not at the first call
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return rewritec_backend(gm, example_inputs, options=options)
+
+    return torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)

@@ -1,0 +1,231 @@
+"""The bridge between terms and ATen: how a term is called, and what it yields.
+
+Everything torch-specific about a term lives here:
+- `Bridge.call_parts(term)`: the ATen overload and the arguments that run it
+  (used by the wrapper's code generator and by constant folding);
+- `Bridge.meta_hook`: the `TermStore` hook that infers a new term's metadata
+  by running its op on fake tensors (symbolic sizes included);
+- conversions between torch dtypes and the engine's short dtype names.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..engine.ops import OpInfo, OpTable, default_op_table
+from ..engine.term import Meta, Term
+
+DTYPES: dict[torch.dtype, str] = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
+}
+TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a generic ATen call takes its n-th tensor operand."""
+
+    index: int
+
+
+class Opaque:
+    """A torch object (dtype, device, callable) held in a term attribute.
+
+    The engine never looks inside; equality follows the wrapped value.
+    """
+
+    def __init__(self, value: Any, label: str) -> None:
+        self.value = value
+        self.label = label
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Opaque) and type(other.value) is type(self.value) \
+            and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def size_of(s: Any) -> Any:
+    """An int, or the sympy expression behind a SymInt."""
+    if isinstance(s, torch.SymInt):
+        return s.node.expr
+    return int(s)
+
+
+def meta_of(value: Any) -> Meta:
+    """Engine metadata for a (fake) value from an FX node or an ATen call."""
+    if isinstance(value, torch.Tensor):
+        return Meta(
+            shape=tuple(size_of(s) for s in value.shape),
+            dtype=dtype_name(value.dtype),
+            device=str(value.device),
+            strides=tuple(size_of(s) for s in value.stride()),
+            payload=value,
+        )
+    if isinstance(value, tuple | list):
+        return Meta(kind="tuple", parts=tuple(meta_of(v) for v in value), payload=value)
+    if value is None:
+        return Meta(kind="none")
+    if isinstance(value, bool):
+        return Meta(kind="scalar", dtype="b8", payload=value)
+    if isinstance(value, int | torch.SymInt):
+        return Meta(kind="scalar", dtype="i64", payload=value)
+    if isinstance(value, float | torch.SymFloat):
+        return Meta(kind="scalar", dtype="f64", payload=value)
+    return Meta(kind="opaque", payload=value)
+
+
+def to_torch_attr(value: Any, arg_type: torch.Type | None) -> Any:
+    """Turn an engine attribute (short dtype names, tuples) back into ATen's form."""
+    if isinstance(value, str) and arg_type is not None and "ScalarType" in str(arg_type):
+        return TORCH_DTYPES[value]
+    if isinstance(value, tuple):
+        return [to_torch_attr(v, None) for v in value]
+    if isinstance(value, Opaque):
+        return value.value
+    return value
+
+
+def from_torch_attr(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, torch.device | torch.layout | torch.memory_format):
+        return Opaque(value, repr(value))
+    if isinstance(value, list | tuple):
+        return tuple(from_torch_attr(v) for v in value)
+    return value
+
+
+def overload(name: str) -> torch._ops.OpOverload:
+    """`add.Tensor` -> torch.ops.aten.add.Tensor."""
+    packet, _, over = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), over or "default")
+
+
+def _is_scalar(t: Term) -> bool:
+    return t.meta.kind != "tensor"
+
+
+def _accepts(schema_args: list[Any], operands: tuple[Term, ...]) -> bool:
+    for i, (arg, term) in enumerate(zip(schema_args, operands, strict=False)):
+        type_s = str(arg.type)
+        if type_s.startswith("Tensor"):
+            # ATen wraps a python number given for a later Tensor argument,
+            # but `self` must really be a tensor (None only where optional).
+            if _is_scalar(term) and (i == 0 or term.meta.kind == "none") and "?" not in type_s:
+                return False
+        elif "Scalar" in type_s and not _is_scalar(term):
+            return False
+    return True
+
+
+class Bridge:
+    """Term <-> ATen for one compilation (one fake mode, one op table)."""
+
+    def __init__(self, fake_mode: FakeTensorMode | None = None,
+                 table: OpTable | None = None) -> None:
+        self.fake_mode = fake_mode or FakeTensorMode(allow_non_fake_inputs=True)
+        self.table = table or default_op_table()
+
+    # -- calling -----------------------------------------------------------
+    def call_parts(self, term: Term) -> tuple[Any, list[Any], dict[str, Any], list[Term]]:
+        """(callable, args, kwargs, operand order) to run `term`.
+
+        In args/kwargs, `Slot(i)` marks where operand i of the returned list goes.
+        """
+        if term.op == "aten":
+            args, kwargs = term.attr("spec")
+            return term.attr("target"), list(args), dict(kwargs), list(term.args)
+        if term.op == "call":
+            args, kwargs = term.attr("spec")
+            return term.attr("target").value, list(args), dict(kwargs), list(term.args)
+        if term.op == "getitem":
+            return operator.getitem, [Slot(0), term.attr("index")], {}, list(term.args)
+        info = self.table.get(term.op)
+        if info is None:
+            raise KeyError(f"no way to run op {term.op!r}")
+        return self._table_call(info, term)
+
+    def _table_call(self, info: OpInfo, term: Term) -> tuple[Any, list[Any], dict[str, Any],
+                                                             list[Term]]:
+        operands = list(term.args)
+        for name in info.aten:
+            op = overload(name)
+            schema_args = op._schema.arguments
+            order = operands
+            if not _accepts(schema_args, tuple(order)):
+                if info.commutative and len(order) == 2 and _accepts(schema_args, (order[1], order[0])):
+                    order = [order[1], order[0]]
+                else:
+                    continue
+            args: list[Any] = []
+            kwargs: dict[str, Any] = {}
+            attrs = dict(term.attrs)
+            for i, arg in enumerate(schema_args):
+                if i < len(order):
+                    value: Any = Slot(i)
+                elif arg.name in attrs:
+                    value = to_torch_attr(attrs[arg.name], arg.type)
+                else:
+                    continue
+                if arg.kwarg_only:
+                    kwargs[arg.name] = value
+                else:
+                    args.append(value)
+            return op, args, kwargs, order
+        raise TypeError(f"no ATen overload of {info.name!r} takes these operands "
+                        f"({', '.join(a.meta.short() for a in operands)})")
+
+    def run(self, term: Term, values: list[Any]) -> Any:
+        """Run `term` eagerly on the given operand values."""
+        fn, args, kwargs, order = self.call_parts(term)
+        pos = {id(t): i for i, t in enumerate(term.args)}
+        vals = [values[pos[id(t)]] for t in order]
+        return fn(*_fill(args, vals), **_fill(kwargs, vals))
+
+    # -- metadata ----------------------------------------------------------
+    def meta_hook(self, op: str, args: tuple[Term, ...], attrs: tuple[tuple[str, Any], ...]) -> Meta:
+        if op == "const":
+            return meta_of(dict(attrs)["value"])
+        probe = Term(op, args, attrs, Meta(), -1)
+        values = [a.meta.payload if a.meta.kind != "none" else None for a in args]
+        for a, v in zip(args, values, strict=True):
+            if a.meta.kind == "tensor" and v is None:
+                raise ValueError(f"operand of {op} has no fake value")
+        with self.fake_mode:
+            out = self.run(probe, [self._fakeify(v) for v in values])
+        return meta_of(out)
+
+    def _fakeify(self, v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and not isinstance(v, torch._subclasses.FakeTensor):
+            return self.fake_mode.from_tensor(v)
+        return v
+
+
+def _fill(spec: Any, values: list[Any]) -> Any:
+    if isinstance(spec, Slot):
+        return values[spec.index]
+    if isinstance(spec, Opaque):
+        return spec.value
+    if isinstance(spec, list):
+        return [_fill(s, values) for s in spec]
+    if isinstance(spec, tuple):
+        return tuple(_fill(s, values) for s in spec)
+    if isinstance(spec, dict):
+        return {k: _fill(s, values) for k, s in spec.items()}
+    return spec

@@ -1,0 +1,41 @@
+"""The TorchDynamo backend `rewritec` (registered through the
+`torch_dynamo_backends` entry point, so `torch.compile(m, backend="rewritec")`
+works without importing rewritec first).
+
+Dynamo hands over a torch-level FX graph; AOTAutograd traces it to ATen and
+splits forward and backward, and each half is compiled by `compiler.compile_fx`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from ..compiler import compile_fx
+from ..options import Options
+from .decompositions import decomposition_table
+
+
+def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                     options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
+    opts = Options.make(options)
+    # Parameters arrive as graph inputs; remember which, for folding in eval mode.
+    params = [isinstance(x, torch.nn.Parameter) for x in example_inputs]
+
+    def forward(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
+        return compile_fx(fw_gm, fw_inputs, opts, kind="forward", params=params)
+
+    def inference(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
+        return compile_fx(fw_gm, fw_inputs, opts, kind="inference", params=params)
+
+    def backward(bw_gm: torch.fx.GraphModule, bw_inputs: list[Any]) -> Any:
+        return compile_fx(bw_gm, bw_inputs, opts, kind="backward")
+
+    return aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=backward,
+        inference_compiler=inference,
+        decompositions=decomposition_table(),
+    )(gm, example_inputs)

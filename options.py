@@ -1,0 +1,64 @@
+"""Compile options, one place for all of them.
+
+Given as `rewritec.compile(model, **options)`, `torch.compile(model,
+backend="rewritec", options={...})`, or CLI flags. Environment variables
+fill in what the call leaves out: REWRITEC_RULES (extra rule paths, separated
+by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .engine.errors import RewritecError
+
+TARGETS = ("auto", "aten", "triton", "openmp")
+
+
+@dataclass(frozen=True)
+class Options:
+    # Where kernels run: "cpu", "cuda", or None to follow the inputs.
+    device: str | None = None
+    # Which kernel generator: auto (triton on cuda, openmp on cpu), aten (no
+    # generated kernels), or one forced (triton on CPU needs TRITON_INTERPRET=1).
+    target: str = "auto"
+    # Extra rule files or folders, added to the built-in rules.
+    rules: tuple[str, ...] = ()
+    # Folder for captured graphs, final graphs and generated code (None: nothing written).
+    out_dir: str | None = None
+    # Turn every fallback (whole graph or one group) into an error.
+    strict: bool = False
+    # Fold parameters as constants: None = only for inference graphs (guarded at
+    # run time against parameter updates), True = same but required, False = never.
+    freeze: bool | None = None
+    # Run rewriting at all (False: capture + ATen execution only).
+    rewrite: bool = True
+    debug: int = 0
+    # Names of rules to leave out.
+    disable: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
+        given = dict(options or {})
+        given.update(kw)
+        known = {f.name for f in fields(cls)}
+        unknown = set(given) - known
+        if unknown:
+            raise RewritecError(f"unknown rewritec option(s): {', '.join(sorted(unknown))}; "
+                                f"known: {', '.join(sorted(known))}")
+        env_rules = tuple(p for p in os.environ.get("REWRITEC_RULES", "").split(os.pathsep) if p)
+        rules = given.get("rules", ())
+        if isinstance(rules, str | Path):
+            rules = (rules,)
+        given["rules"] = tuple(str(r) for r in rules) + env_rules
+        given.setdefault("debug", int(os.environ.get("REWRITEC_DEBUG", "0") or 0))
+        given.setdefault("strict", os.environ.get("REWRITEC_STRICT", "") not in ("", "0"))
+        given.setdefault("target", os.environ.get("REWRITEC_TARGET", "auto"))
+        if given["target"] not in TARGETS:
+            raise RewritecError(f"target must be one of {TARGETS}, not {given['target']!r}")
+        if "disable" in given:
+            given["disable"] = tuple(given["disable"])
+        return cls(**given)

@@ -1,0 +1,67 @@
+"""What happened to each compiled graph: rules fired, kernels, fallback ops.
+
+The compiler appends one `GraphRecord` per graph to `RECORDS`; the CLI turns
+them into `report.json` and a summary table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GraphRecord:
+    name: str
+    kind: str  # forward | backward | inference | export
+    status: str = "compiled"  # compiled | fallback
+    reason: str | None = None
+    nodes_in: int = 0
+    nodes_out: int = 0
+    rules_fired: Counter[str] = field(default_factory=Counter)
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    fallback_ops: Counter[str] = field(default_factory=Counter)
+    stop_reason: str | None = None
+    compile_seconds: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rules_fired"] = dict(self.rules_fired)
+        d["fallback_ops"] = dict(self.fallback_ops)
+        aten_ops = sum(self.fallback_ops.values())
+        kernel_ops = sum(k.get("replaced_ops", 0) for k in self.kernels)
+        total = aten_ops + kernel_ops
+        d["kernel_op_share"] = round(kernel_ops / total, 4) if total else 0.0
+        return d
+
+
+RECORDS: list[GraphRecord] = []
+
+
+def reset() -> None:
+    RECORDS.clear()
+
+
+def summary_table(records: list[GraphRecord]) -> str:
+    rows = [("graph", "status", "ops in", "ops out", "rules fired", "kernels", "ATen ops",
+             "in kernels")]
+    for r in records:
+        j = r.to_json()
+        rows.append((r.name, r.status, str(r.nodes_in), str(r.nodes_out),
+                     str(sum(r.rules_fired.values())), str(len(r.kernels)),
+                     str(sum(r.fallback_ops.values())), f"{100 * j['kernel_op_share']:.0f}%"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    fired: Counter[str] = Counter()
+    for r in records:
+        fired.update(r.rules_fired)
+    if fired:
+        lines.append("")
+        lines.append("rules fired: " + ", ".join(f"{k} x{v}" for k, v in fired.most_common()))
+    for r in records:
+        if r.status == "fallback":
+            lines.append(f"fallback: {r.name}: {r.reason}")
+    return "\n".join(lines)
