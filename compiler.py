@@ -63,17 +63,30 @@ def dump_graph(graph: Graph) -> str:
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, *,
-               kind: str, params: list[bool] | None = None) -> Any:
-    """Compile one ATen-level FX graph; returns a boxed callable (takes a list)."""
+               kind: str, params: list[bool] | None = None,
+               param_values: list[Any] | None = None) -> Any:
+    """Compile one ATen-level FX graph; returns a boxed callable (takes a list).
+
+    `param_values` (real parameter tensors by input position) allows freezing
+    an inference graph; see `frontend/fold.py` for when that is sound.
+    """
     name = f"g{next(_graph_ids)}_{kind}"
     rec = report.GraphRecord(name=name, kind=kind)
     report.RECORDS.append(rec)
     start = time.perf_counter()
+    frozen = _freezable(opts, kind, params, param_values)
     try:
-        fn = _compile(gm, example_inputs, opts, name, rec, params)
+        fn = _compile(gm, example_inputs, opts, name, rec, params, frozen)
+        if frozen:
+            from .frontend.fold import FrozenGuard
+
+            def unfrozen() -> Any:
+                sub = report.GraphRecord(name=f"{name}_unfrozen", kind=kind)
+                return _compile(gm, example_inputs, opts, sub.name, sub, params, None)
+
+            fn = FrozenGuard(frozen, fn, unfrozen)
     except Exception as e:  # noqa: BLE001 - any failure means: run the graph eagerly
-        reason = e.message if isinstance(e, RewritecError) and hasattr(e, "message") else \
-            f"{type(e).__name__}: {e}"
+        reason = _reason(e)
         if opts.strict:
             raise CompileError(f"rewritec could not compile graph {name}: {reason}") from e
         warnings.warn(f"rewritec: graph {name} falls back to eager ATen: {reason}",
@@ -82,6 +95,22 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         fn = _boxed(gm.forward)
     rec.compile_seconds = time.perf_counter() - start
     return fn
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, RewritecError):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
+def _freezable(opts: Options, kind: str, params: list[bool] | None,
+               values: list[Any] | None) -> dict[int, torch.Tensor] | None:
+    if opts.freeze is False or kind not in ("inference", "export") or not params or not values:
+        return None
+    frozen = {i: v for i, (p, v) in enumerate(zip(params, values, strict=False))
+              if p and isinstance(v, torch.Tensor) and not isinstance(
+                  v, torch._subclasses.FakeTensor)}
+    return frozen or None
 
 
 def _boxed(fn: Any) -> Any:
@@ -93,21 +122,25 @@ def _boxed(fn: Any) -> Any:
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str,
-             rec: report.GraphRecord, params: list[bool] | None) -> Any:
+             rec: report.GraphRecord, params: list[bool] | None,
+             frozen: dict[int, torch.Tensor] | None) -> Any:
     bridge = Bridge(_fake_mode(example_inputs))
-    conv = fx_to_terms(gm, bridge, params)
+    conv = fx_to_terms(gm, bridge, params, frozen)
     graph = conv.graph
     rec.nodes_in = len(graph.terms())
     outputs_were_inputs = {o for o in graph.outputs if o is not None and o.op == "input"}
     if opts.rewrite:
         from .engine.pipeline import run_pipeline
+        from .frontend.fold import is_frozen, make_folder
         from .rulesets import ruleset_for
 
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
-                              context=conv)
+                              folder=make_folder(conv.store, bridge), is_frozen=is_frozen)
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason
+        if opts.debug >= 3:
+            print(f"[rewritec] final graph {name}:\n{dump_graph(graph)}")
     rec.nodes_out = len(graph.terms())
     # A rewrite can turn an output into a graph input (x * 1 -> x); eager returned
     # a fresh tensor there, so the wrapper must too.

@@ -37,6 +37,9 @@ class Options:
     # Run rewriting at all (False: capture + ATen execution only).
     rewrite: bool = True
     debug: int = 0
+    # Also apply rules marked `fp_exact: false` (exact over the reals, not under
+    # inf/nan or overflow), like a C compiler's -ffast-math.
+    fast_math: bool = False
     # Names of rules to leave out.
     disable: tuple[str, ...] = field(default_factory=tuple)
 

@@ -58,6 +58,10 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], line
                                       key_node.start_mark.column + 1))
             out[key] = _build(loader, value_node, path + (key,), lines, file)
             lines[path + (key,)] = key_node.start_mark.line + 1
+            # Where a scalar value's text starts (after its quote), for expression errors.
+            quoted = isinstance(value_node, yaml.ScalarNode) and value_node.style in ("'", '"')
+            lines[("@",) + path + (key,)] = (value_node.start_mark.line + 1,  # type: ignore
+                                             value_node.start_mark.column + 1 + int(quoted))
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(loader, item, path + (i,), lines, file) for i, item in enumerate(node.value)]

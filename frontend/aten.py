@@ -203,7 +203,7 @@ class Bridge:
         if op == "const":
             return meta_of(dict(attrs)["value"])
         probe = Term(op, args, attrs, Meta(), -1)
-        values = [a.meta.payload if a.meta.kind != "none" else None for a in args]
+        values = [a.value if a.op == "const" else a.meta.payload for a in args]
         for a, v in zip(args, values, strict=True):
             if a.meta.kind == "tensor" and v is None:
                 raise ValueError(f"operand of {op} has no fake value")

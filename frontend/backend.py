@@ -23,12 +23,16 @@ def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
     opts = Options.make(options)
     # Parameters arrive as graph inputs; remember which, for folding in eval mode.
     params = [isinstance(x, torch.nn.Parameter) for x in example_inputs]
+    values = list(example_inputs)
 
     def forward(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
         return compile_fx(fw_gm, fw_inputs, opts, kind="forward", params=params)
 
     def inference(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
-        return compile_fx(fw_gm, fw_inputs, opts, kind="inference", params=params)
+        # Inference graphs (no grad) may fold parameters: frontend/fold.py says when.
+        aligned = len(fw_inputs) == len(values)
+        return compile_fx(fw_gm, fw_inputs, opts, kind="inference", params=params,
+                          param_values=values if aligned else None)
 
     def backward(bw_gm: torch.fx.GraphModule, bw_inputs: list[Any]) -> Any:
         return compile_fx(bw_gm, bw_inputs, opts, kind="backward")

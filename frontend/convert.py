@@ -46,7 +46,12 @@ def _input_kind(value: Any, is_param: bool | None) -> str:
 
 
 def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
-                params: list[bool] | None = None) -> Converted:
+                params: list[bool] | None = None,
+                frozen: dict[int, torch.Tensor] | None = None) -> Converted:
+    """Convert `gm`. Inputs listed in `frozen` are used as the given constant
+    tensors (they stay in the graph's input list, unused)."""
+    from .fold import tensor_term
+
     store = TermStore(bridge.meta_hook)
     env: dict[torch.fx.Node, Term] = {}
     inputs: list[Term] = []
@@ -62,6 +67,8 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
                               meta=meta_of(value))
             inputs.append(term)
             env[node] = term
+            if frozen and i in frozen:
+                env[node] = tensor_term(store, bridge, frozen[i], f"param{i}")
         elif node.op == "call_function":
             env[node] = _convert_call(node, env, store, bridge)
         elif node.op == "output":

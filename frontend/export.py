@@ -40,7 +40,8 @@ class ExportedProgram:
                 self._lifted.append(ep.constants[spec.target])
                 params.append(False)
         fakes = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-        self.fn = compile_fx(gm, fakes, opts, kind="export", params=params)
+        self.fn = compile_fx(gm, fakes, opts, kind="export", params=params,
+                             param_values=self._lifted)
         self.out_spec = ep.call_spec.out_spec
 
     def __call__(self, *inputs: Any) -> Any:

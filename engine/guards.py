@@ -1,0 +1,189 @@
+"""Guards: the `where:` conditions of a rule, interpreted over the AST.
+
+Guards are parsed by the same grammar as patterns and evaluated here by a
+small interpreter with a fixed table of functions; rule text never reaches
+`eval`. A guard that cannot be decided (a symbolic size, a missing value)
+counts as false, so an undecided guard never lets a rewrite through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import syntax as S
+from .term import Term
+
+DTYPE_NAMES = ("f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "b8")
+FLOAT_DTYPES = ("f64", "f32", "f16", "bf16")
+
+
+class Undecided(Exception):
+    """The guard's value is not known at compile time."""
+
+
+@dataclass
+class GuardContext:
+    """What guards may ask about the graph beyond a term's own metadata."""
+
+    users: Callable[[Term], int]
+    is_frozen: Callable[[Term], bool]
+
+
+def _tensor(t: Any) -> Term:
+    if not isinstance(t, Term):
+        raise Undecided(f"{t!r} is not a term")
+    return t
+
+
+def _const_value(t: Term) -> Any:
+    if t.op != "const":
+        raise Undecided("not a constant")
+    return t.value
+
+
+NONNEG_OPS = ("exp", "sigmoid", "relu", "abs", "sqrt", "softmax", "ones_like", "zeros_like")
+
+
+def _nonneg(t: Any) -> bool:
+    """True when `t` is >= 0 (or nan) by construction; false when unknown."""
+    t = _tensor(t)
+    if t.op in NONNEG_OPS:
+        return True
+    if t.op == "const":
+        return isinstance(t.value, int | float) and t.value >= 0
+    if t.op == "mul" and len(t.args) == 2 and t.args[0] is t.args[1]:
+        return True
+    if t.op in ("mul", "add", "div") and len(t.args) == 2 and t.attr("alpha", 1) == 1:
+        return all(_nonneg(a) for a in t.args)
+    return False
+
+
+# (narrow, wide): converting narrow -> wide -> narrow gives back every value.
+EXACT_WIDENING = {
+    ("f16", "f32"), ("bf16", "f32"), ("f16", "f64"), ("bf16", "f64"), ("f32", "f64"),
+    ("i8", "i16"), ("i8", "i32"), ("i8", "i64"), ("i16", "i32"), ("i16", "i64"), ("i32", "i64"),
+    ("u8", "i16"), ("u8", "i32"), ("u8", "i64"), ("b8", "u8"), ("b8", "i64"),
+}
+
+
+def _contiguous(t: Term) -> bool:
+    expected = 1
+    for size, stride in reversed(list(zip(t.meta.shape, t.meta.strides, strict=False))):
+        if size != 1 and stride != expected:
+            return False
+        expected = expected * size
+    return len(t.meta.strides) == len(t.meta.shape)
+
+
+def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
+    return {
+        "rank": lambda t: _tensor(t).meta.rank,
+        "dtype": lambda t: _tensor(t).meta.dtype if _tensor(t).meta.kind == "tensor"
+        else "scalar",
+        "shape": lambda t: _tensor(t).meta.shape,
+        "numel": lambda t: _tensor(t).meta.numel(),
+        "device": lambda t: _tensor(t).meta.device.split(":")[0],
+        "users": lambda t: ctx.users(_tensor(t)),
+        "is_const": lambda t: _tensor(t).op in ("const", "tensor") or ctx.is_frozen(_tensor(t)),
+        "is_scalar": lambda t: _tensor(t).meta.kind == "scalar",
+        "is_tensor": lambda t: _tensor(t).meta.kind == "tensor",
+        "is_float": lambda t: isinstance(t, float) or (
+            isinstance(t, Term) and t.meta.dtype in FLOAT_DTYPES),
+        "is_param": lambda t: _tensor(t).op == "input" and _tensor(t).attr("kind") == "param",
+        "value": lambda t: _const_value(_tensor(t)),
+        "nonneg": _nonneg,
+        "contiguous": lambda t: _contiguous(_tensor(t)),
+        "identity_perm": lambda p: tuple(d % len(p) for d in p) == tuple(range(len(p))),
+        "widens": lambda a, b: (a, b) in EXACT_WIDENING,
+        "same_shape": lambda a, b: tuple(_tensor(a).meta.shape) == tuple(_tensor(b).meta.shape),
+        "len": len,
+        "abs": abs,
+        "min": min,
+        "max": max,
+    }
+
+
+_ATTRS = {"shape": "shape", "dtype": "dtype", "rank": "rank", "ndim": "rank",
+          "numel": "numel", "device": "device"}
+
+
+class GuardEval:
+    def __init__(self, ctx: GuardContext) -> None:
+        self.funcs = _functions(ctx)
+
+    def check(self, node: S.Node, env: dict[str, Any]) -> bool:
+        try:
+            return _truth(self.eval(node, env))
+        except (Undecided, TypeError, ValueError, IndexError, KeyError, ZeroDivisionError):
+            return False
+
+    def eval(self, node: S.Node, env: dict[str, Any]) -> Any:
+        if isinstance(node, S.Lit):
+            return node.value
+        if isinstance(node, S.Var):
+            if node.name in env:
+                return env[node.name]
+            if node.name in DTYPE_NAMES:
+                return node.name
+            raise Undecided(f"unbound name {node.name}")
+        if isinstance(node, S.Seq):
+            return tuple(self.eval(x, env) for x in node.items)
+        if isinstance(node, S.Call):
+            fn = self.funcs[node.func]
+            return fn(*[self.eval(a, env) for a in node.args])
+        if isinstance(node, S.GetAttr):
+            return self.funcs[_ATTRS[node.attr]](self.eval(node.value, env))
+        if isinstance(node, S.Index):
+            return self.eval(node.value, env)[self.eval(node.index, env)]
+        if isinstance(node, S.Neg):
+            return -self.eval(node.operand, env)
+        if isinstance(node, S.Not):
+            return not _truth(self.eval(node.operand, env))
+        if isinstance(node, S.BoolOp):
+            left = _truth(self.eval(node.left, env))
+            if node.op == "and":
+                return left and _truth(self.eval(node.right, env))
+            return left or _truth(self.eval(node.right, env))
+        if isinstance(node, S.BinOp):
+            from .pattern import _ARITH
+
+            a, b = self.eval(node.left, env), self.eval(node.right, env)
+            if isinstance(a, Term):
+                a = _const_value(a)
+            if isinstance(b, Term):
+                b = _const_value(b)
+            return _ARITH[node.op](a, b)
+        if isinstance(node, S.Compare):
+            a, b = self.eval(node.left, env), self.eval(node.right, env)
+            if isinstance(a, Term) and a.op == "const":
+                a = a.value
+            if isinstance(b, Term) and b.op == "const":
+                b = b.value
+            return _compare(node.op, a, b)
+        raise Undecided(f"cannot evaluate {S.show(node)}")
+
+
+def _compare(op: str, a: Any, b: Any) -> bool:
+    if op == "in":
+        return any(_truth(a == x) for x in b)
+    if op == "not in":
+        return not any(_truth(a == x) for x in b)
+    result = {"==": lambda: a == b, "!=": lambda: a != b, "<": lambda: a < b,
+              "<=": lambda: a <= b, ">": lambda: a > b, ">=": lambda: a >= b}[op]()
+    return _truth(result)
+
+
+def _truth(v: Any) -> bool:
+    """bool(v), refusing sympy's undecidable relations."""
+    if isinstance(v, bool):
+        return v
+    try:
+        return bool(v)
+    except TypeError as e:
+        raise Undecided(str(e)) from None
+
+
+GUARD_FUNCTIONS = tuple(_functions(GuardContext(lambda t: 0, lambda t: False)))
+

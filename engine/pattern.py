@@ -1,0 +1,307 @@
+"""Patterns: compiled from rule expressions, matched against terms.
+
+A pattern is a tree of:
+- `PVar`: binds a sub-term (or an attribute value); the same name twice
+  means the same term, which hash-consing makes an identity test;
+- `PAny`: `_`, matches anything and binds nothing;
+- `PLit`: a literal; matches only a `const` term of equal value, so a
+  constant in a pattern never silently becomes a wildcard;
+- `POp`: an op with argument patterns and attribute patterns. Attributes the
+  pattern leaves out must equal the op's defaults (an under-constrained
+  pattern cannot match more than it says).
+
+Commutative ops try both argument orders, lazily, backtracking one choice at
+a time: no exponential expansion of the rule set up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import syntax as S
+from .errors import RuleError, Where
+from .guards import DTYPE_NAMES
+from .ops import OpTable
+from .term import Term, TermStore, freeze
+
+Env = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    line: int = field(default=0, compare=False, kw_only=True)
+    col: int = field(default=0, compare=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class PVar(Pattern):
+    name: str
+
+
+@dataclass(frozen=True)
+class PAny(Pattern):
+    pass
+
+
+@dataclass(frozen=True)
+class PLit(Pattern):
+    value: Any
+
+
+@dataclass(frozen=True)
+class POp(Pattern):
+    op: str
+    args: tuple[Pattern, ...]
+    attrs: tuple[tuple[str, Pattern], ...]  # attributes the pattern names
+    defaults: tuple[tuple[str, Any], ...]  # the others: must equal these
+
+
+def size(p: Pattern) -> int:
+    if isinstance(p, POp):
+        return 1 + sum(size(a) for a in p.args) + sum(size(v) for _, v in p.attrs)
+    return 1
+
+
+def op_name(node: S.Node, table: OpTable) -> tuple[str, list[S.Node], list[tuple[str, S.Node]]]:
+    """The op, operands and keyword attributes an expression node applies."""
+    if isinstance(node, S.Call):
+        return node.func, list(node.args), list(node.kwargs)
+    if isinstance(node, S.BinOp):
+        name = table.infix.get(node.op)
+        if name is None:
+            raise RuleError(f"operator {node.op!r} has no op in the op table", None)
+        return name, [node.left, node.right], []
+    if isinstance(node, S.Neg):
+        return table.prefix["-"], [node.operand], []
+    if isinstance(node, S.Index):
+        if not isinstance(node.index, S.Lit) or not isinstance(node.index.value, int):
+            raise RuleError("only a literal integer index picks an output: op(...)[0]", None)
+        return "getitem", [node.value], [("index", node.index)]
+    raise RuleError(f"`{S.show(node)}` is not an op application", None)
+
+
+class Compiler:
+    """Compiles expression ASTs into patterns for one rule, checking them."""
+
+    def __init__(self, table: OpTable, where: Where) -> None:
+        self.table = table
+        self.where = where
+
+    def error(self, msg: str, node: S.Node | None = None) -> RuleError:
+        w = self.where
+        if node is not None and node.line:
+            w = Where(w.file, w.line + node.line - 1,
+                      (w.col + node.col - 1) if node.line == 1 else node.col, w.rule)
+        return RuleError(msg, w)
+
+    def pattern(self, node: S.Node) -> Pattern:
+        pos = {"line": node.line, "col": node.col}
+        if isinstance(node, S.Var):
+            return PAny(**pos) if node.name == "_" else PVar(node.name, **pos)
+        if isinstance(node, S.Lit):
+            return PLit(node.value, **pos)
+        if isinstance(node, S.Seq):
+            raise self.error("a list is only allowed as an attribute value", node)
+        try:
+            name, args, kwargs = op_name(node, self.table)
+        except RuleError as e:
+            raise self.error(e.message, node) from None
+        return self._op(name, args, kwargs, node)
+
+    def _op(self, name: str, args: list[S.Node], kwargs: list[tuple[str, S.Node]],
+            node: S.Node) -> POp:
+        pos = {"line": node.line, "col": node.col}
+        if name == "getitem":
+            return POp("getitem", (self.pattern(args[0]),),
+                       (("index", self.attr_pattern(kwargs[0][1])),), (), **pos)
+        info = self.table.get(name)
+        if info is None:
+            raise self.error(f"unknown op {name!r} (not in rules/ops.yaml)", node)
+        if len(args) != len(info.args):
+            raise self.error(f"{name} takes {len(info.args)} operand(s) "
+                             f"({', '.join(info.args)}), got {len(args)}", node)
+        attrs = []
+        for key, value in kwargs:
+            if key not in info.attrs:
+                known = ", ".join(info.attrs) or "none"
+                raise self.error(f"{name} has no attribute {key!r} (known: {known})", value)
+            attrs.append((key, self.attr_pattern(value)))
+        named = {k for k, _ in attrs}
+        defaults = tuple((k, freeze(v)) for k, v in info.attrs.items() if k not in named)
+        return POp(name, tuple(self.pattern(a) for a in args), tuple(attrs), defaults, **pos)
+
+    def attr_pattern(self, node: S.Node) -> Pattern:
+        if isinstance(node, S.Var):
+            return PAny() if node.name == "_" else PVar(node.name)
+        value = self.attr_literal(node)
+        return PLit(value)
+
+    def attr_literal(self, node: S.Node) -> Any:
+        if isinstance(node, S.Lit):
+            return node.value
+        if isinstance(node, S.Seq):
+            return tuple(self.attr_literal(x) for x in node.items)
+        raise self.error(f"attribute pattern must be a literal, a list or a variable, "
+                         f"not `{S.show(node)}`", node)
+
+
+# ---------------------------------------------------------------------------- matching
+@dataclass
+class Failure:
+    """Why (and how deep into the pattern) a match failed; used by `explain`."""
+
+    depth: int
+    reason: str
+    term: Term | None = None
+
+
+@dataclass
+class Matcher:
+    table: OpTable
+    failure: Failure | None = None  # the deepest failure seen, when tracking
+
+    def fail(self, depth: int, reason: str, term: Term | None) -> None:
+        if self.failure is None or depth > self.failure.depth:
+            self.failure = Failure(depth, reason, term)
+
+    def match(self, p: Pattern, t: Term, env: Env, depth: int = 0) -> Iterator[Env]:
+        if isinstance(p, PAny):
+            yield env
+        elif isinstance(p, PVar):
+            bound = env.get(p.name)
+            if bound is None:
+                yield {**env, p.name: t}
+            elif bound is t:
+                yield env
+            else:
+                self.fail(depth, f"`{p.name}` is bound to a different term", t)
+        elif isinstance(p, PLit):
+            if t.op == "const" and _lit_equal(t.value, p.value):
+                yield env
+            else:
+                self.fail(depth, f"expected the constant {p.value!r}", t)
+        elif isinstance(p, POp):
+            yield from self._match_op(p, t, env, depth)
+
+    def _match_op(self, p: POp, t: Term, env: Env, depth: int) -> Iterator[Env]:
+        if t.op != p.op:
+            self.fail(depth, f"op mismatch: pattern wants {p.op}, term is {t.op}", t)
+            return
+        if len(t.args) != len(p.args):
+            self.fail(depth, "operand count mismatch", t)
+            return
+        for key, value in p.defaults:
+            if key != "nonce" and not _lit_equal(t.attr(key, value), value):
+                self.fail(depth + 1, f"attribute mismatch: {key}={t.attr(key)!r}, "
+                          f"pattern wants {value!r}", t)
+                return
+        for key, ap in p.attrs:
+            tv = t.attr(key)
+            if isinstance(ap, PLit):
+                if not _lit_equal(tv, ap.value):
+                    self.fail(depth + 1, f"attribute mismatch: {key}={tv!r}, pattern wants "
+                              f"{ap.value!r}", t)
+                    return
+            elif isinstance(ap, PVar):
+                bound = env.get(ap.name)
+                if bound is None:
+                    env = {**env, ap.name: tv}
+                elif not _lit_equal(bound, tv):
+                    self.fail(depth + 1, f"attribute {key}: `{ap.name}` bound to {bound!r}", t)
+                    return
+        info = self.table.get(p.op)
+        orders = [t.args]
+        if info is not None and info.commutative and len(t.args) == 2 \
+                and t.args[0] is not t.args[1] \
+                and all(_lit_equal(t.attr(k, v), v) for k, v in info.attrs.items()):
+            # Both orders, one at a time (add with alpha != 1 is not commutative).
+            orders.append((t.args[1], t.args[0]))
+        for args in orders:
+            yield from self._match_args(p.args, args, env, depth + 1)
+
+    def _match_args(self, pats: tuple[Pattern, ...], args: tuple[Term, ...], env: Env,
+                    depth: int) -> Iterator[Env]:
+        if not pats:
+            yield env
+            return
+        for env2 in self.match(pats[0], args[0], env, depth):
+            yield from self._match_args(pats[1:], args[1:], env2, depth + size(pats[0]))
+
+
+def _lit_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_lit_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and type(a) is type(b)
+
+
+# ---------------------------------------------------------------------------- building
+class Builder:
+    """Builds the replacement terms of a rule from its bindings."""
+
+    def __init__(self, table: OpTable, store: TermStore, attr_funcs: dict[str, Any]) -> None:
+        self.table = table
+        self.store = store
+        self.attr_funcs = attr_funcs
+
+    def term(self, node: S.Node, env: Env) -> Term:
+        if isinstance(node, S.Var):
+            value = env[node.name]
+            if isinstance(value, Term):
+                return value
+            return self.store.const(value)
+        if isinstance(node, S.Lit):
+            return self.store.const(node.value)
+        name, args, kwargs = op_name(node, self.table)
+        if name == "getitem":
+            return self.store.make("getitem", (self.term(args[0], env),),
+                                   (("index", self.attr(kwargs[0][1], env)),))
+        info = self.table.ops[name]
+        given = {k: self.attr(v, env) for k, v in kwargs}
+        attrs = tuple((k, freeze(given.get(k, v))) for k, v in info.attrs.items())
+        return self.store.make(name, [self.term(a, env) for a in args], attrs)
+
+    def attr(self, node: S.Node, env: Env) -> Any:
+        """Evaluate an attribute expression: literals, bound values, lists, small math."""
+        if isinstance(node, S.Lit):
+            return node.value
+        if isinstance(node, S.Var):
+            if node.name not in env and node.name in DTYPE_NAMES:
+                return node.name
+            value = env[node.name]
+            if isinstance(value, Term):
+                if value.op == "const":
+                    return value.value
+                raise TypeError(f"`{node.name}` is a tensor, not an attribute value")
+            return value
+        if isinstance(node, S.Seq):
+            return tuple(self.attr(x, env) for x in node.items)
+        if isinstance(node, S.Neg):
+            return -self.attr(node.operand, env)
+        if isinstance(node, S.BinOp):
+            a, b = self.attr(node.left, env), self.attr(node.right, env)
+            return _ARITH[node.op](a, b)
+        if isinstance(node, S.Index):
+            return self.attr(node.value, env)[self.attr(node.index, env)]
+        if isinstance(node, S.Call) and node.func in self.attr_funcs:
+            # Attribute functions may look at a bound term's metadata (channel_view(w)).
+            args = [env[a.name] if isinstance(a, S.Var) and isinstance(env.get(a.name), Term)
+                    else self.attr(a, env) for a in node.args]
+            return self.attr_funcs[node.func](*args)
+        raise TypeError(f"`{S.show(node)}` is not an attribute expression")
+
+
+_ARITH = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "**": lambda a, b: a ** b,
+}

@@ -1,0 +1,86 @@
+"""The pipeline of rewriting phases: one explicit, ordered list.
+
+Each phase runs its kinds of rules to a fixed point before the next starts.
+The order is the whole contract; no rule registers itself anywhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import RewriteStop
+from .ops import OpTable, default_op_table
+from .rewrite import Explanation, Folder, Rewriter, RuleStats
+from .rules import Rule
+from .term import Graph, Term, TermStore
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    kinds: tuple[str, ...]
+    why: str
+    fold_constants: bool = False
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("decompose", ("decompose",),
+          "turn composite ops (gelu, softmax, layer_norm) into core ops that the "
+          "simplifier and the fusers understand"),
+    Phase("simplify", ("simplify", "fold"),
+          "cancel and fold: identities, view chains, conv+bn in eval, and constant "
+          "subexpressions over frozen parameters", fold_constants=True),
+    Phase("fuse", ("fuse",),
+          "group pointwise chains, reductions and epilogues into kernels; runs last so it "
+          "sees the simplified graph"),
+)
+
+
+@dataclass
+class PipelineResult:
+    graph: Graph
+    fired: Counter[str]
+    stop_reason: str
+    stats: dict[str, RuleStats] = field(default_factory=dict)
+    phase_log: list[str] = field(default_factory=list)
+
+
+def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
+                 table: OpTable | None = None, folder: Folder | None = None,
+                 is_frozen: Callable[[Term], bool] | None = None, debug: int = 0,
+                 log: Callable[[str], None] | None = None,
+                 explain: Explanation | None = None,
+                 phases: tuple[Phase, ...] = PHASES) -> PipelineResult:
+    """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget."""
+    table = table or default_op_table()
+    log = log or (lambda line: print(f"[rewritec] {line}"))
+    fired: Counter[str] = Counter()
+    stats: dict[str, RuleStats] = {}
+    phase_log: list[str] = []
+    reasons = []
+    for phase in phases:
+        phase_rules = [r for r in rules if r.kind in phase.kinds]
+        if not phase_rules and not (phase.fold_constants and folder):
+            continue
+        start = time.perf_counter()
+        n_before = len(graph.terms())
+        rw = Rewriter(store, table, phase_rules, stats=stats, explain=explain,
+                      folder=folder if phase.fold_constants else None, is_frozen=is_frozen,
+                      log=log if debug >= 2 else None)
+        try:
+            res = rw.run(graph)
+        except RewriteStop as e:
+            raise RewriteStop(f"phase {phase.name}: {e}") from None
+        graph = res.graph
+        fired.update(res.fired)
+        line = (f"phase {phase.name}: {sum(res.fired.values())} rewrites in {res.passes} "
+                f"pass(es), {n_before} -> {len(graph.terms())} terms, {res.stop_reason}, "
+                f"{1000 * (time.perf_counter() - start):.1f} ms")
+        phase_log.append(line)
+        reasons.append(f"{phase.name}: {res.stop_reason}")
+        if debug >= 1:
+            log(line)
+    return PipelineResult(graph, fired, "; ".join(reasons) or "no rules", stats, phase_log)

@@ -1,0 +1,254 @@
+"""The rewriter: applies a set of rules to a term graph until nothing changes.
+
+Each pass rebuilds the graph bottom-up. At every term, the rules indexed by
+its op are tried in order (priority, then file order); the first that
+matches, passes its guards and keeps the term's shape and dtype replaces it,
+and the replacement is normalized in turn. Passes repeat until one fires
+nothing (`saturated`).
+
+It stops early, with a reason naming the rules, when:
+- a term rewrites back into itself through a chain of rules (`cycle`);
+- the step budget runs out (`budget`), e.g. a rule that keeps growing a term.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import RewriteStop
+from .guards import GuardContext, GuardEval, Undecided
+from .ops import OpTable
+from .pattern import Builder, Failure, Matcher
+from .rules import ATTR_FUNCS, Rule
+from .term import Graph, Term, TermStore, render
+
+
+@dataclass
+class RuleStats:
+    tried: int = 0
+    matched: int = 0
+    rejected_guard: int = 0
+    rejected_meta: int = 0
+    fired: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Explanation:
+    """The closest a rule came to firing, for `rewritec explain`."""
+
+    rule: str
+    fired: int = 0
+    best: Failure | None = None
+    roots_seen: int = 0
+
+    def consider(self, failure: Failure) -> None:
+        if self.best is None or failure.depth >= self.best.depth:
+            self.best = failure
+
+
+@dataclass
+class RewriteResult:
+    graph: Graph
+    fired: Counter[str]
+    stop_reason: str
+    passes: int
+    steps: int
+    stats: dict[str, RuleStats] = field(default_factory=dict)
+
+
+Folder = Callable[[Term], Term | None]
+Log = Callable[[str], None]
+
+
+class _Cycle(Exception):
+    def __init__(self, term: Term) -> None:
+        self.term = term
+
+
+def index_rules(rules: list[Rule]) -> dict[str, list[Rule]]:
+    by_root: dict[str, list[Rule]] = {}
+    for order, r in enumerate(rules):
+        by_root.setdefault(r.root, []).append(r)
+    for lst in by_root.values():
+        lst.sort(key=lambda r: -r.priority)  # stable: file order among equals
+    return by_root
+
+
+class Rewriter:
+    def __init__(self, store: TermStore, table: OpTable, rules: list[Rule], *,
+                 folder: Folder | None = None, is_frozen: Callable[[Term], bool] | None = None,
+                 budget: int | None = None, log: Log | None = None,
+                 stats: dict[str, RuleStats] | None = None,
+                 explain: Explanation | None = None) -> None:
+        self.store = store
+        self.table = table
+        self.index = index_rules(rules)
+        self.folder = folder
+        self.budget = budget
+        self.log = log
+        self.stats = stats if stats is not None else {}
+        self.explain = explain
+        self.users: dict[Term, int] = {}
+        self.guards = GuardEval(GuardContext(users=self._users,
+                                             is_frozen=is_frozen or (lambda t: False)))
+        self.builder = Builder(table, store, ATTR_FUNCS)
+        self.fired: Counter[str] = Counter()
+        self.steps = 0
+
+    def _users(self, t: Term) -> int:
+        if t not in self.users:
+            raise Undecided("term created in this pass")
+        return self.users[t]
+
+    # ------------------------------------------------------------------ driver
+    def run(self, graph: Graph, max_passes: int = 50) -> RewriteResult:
+        budget = self.budget or max(10_000, 50 * len(graph.terms()))
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 20_000))
+        try:
+            for passes in range(1, max_passes + 1):
+                before = self.steps
+                graph = self._pass(graph, budget)
+                if self.steps == before:
+                    return self._result(graph, "saturated", passes)
+            return self._result(graph, f"pass limit ({max_passes}) reached; last rules "
+                                f"fired: {self._top()}", max_passes)
+        finally:
+            sys.setrecursionlimit(limit)
+
+    def _result(self, graph: Graph, reason: str, passes: int) -> RewriteResult:
+        return RewriteResult(graph, self.fired, reason, passes, self.steps, self.stats)
+
+    def _top(self) -> str:
+        return ", ".join(f"{n} x{c}" for n, c in self.fired.most_common(3))
+
+    def _pass(self, graph: Graph, budget: int) -> Graph:
+        self.users = graph.users()
+        self.normal: dict[Term, Term] = {}
+        self.active: list[tuple[Term, str]] = []  # (term, rule that rewrote it), for cycles
+        self.total_budget = budget
+        try:
+            for t in graph.terms():
+                self._normalize(t)
+        except _Cycle as c:
+            chain = [name for term, name in self.active]
+            start = next(i for i, (term, _) in enumerate(self.active) if term is c.term)
+            loop = chain[start:] + [chain[start]]
+            raise RewriteStop(f"rules loop: {' -> '.join(loop)} (rewriting "
+                              f"`{render(c.term, 3)}` leads back to itself)") from None
+        inputs = tuple(self.normal.get(t, t) for t in graph.inputs)
+        outputs = tuple(None if o is None else self.normal[o] for o in graph.outputs)
+        return Graph(inputs, outputs)
+
+    def _normalize(self, t: Term) -> Term:
+        """The normal form of `t`, whose arguments are visited first."""
+        done = self.normal.get(t)
+        if done is not None:
+            return done
+        args = tuple(self._normalize(a) for a in t.args)
+        if any(a is not b for a, b in zip(args, t.args, strict=True)):
+            # The rewrites below keep shape and dtype, so the old metadata still holds.
+            rebuilt = self.store.make(t.op, args, t.attrs, meta=t.meta)
+        else:
+            rebuilt = t
+        result = self._rewrite_root(rebuilt)
+        self.normal[t] = result
+        self.normal[rebuilt] = result
+        return result
+
+    def _rewrite_root(self, t: Term) -> Term:
+        if any(term is t for term, _ in self.active):
+            raise _Cycle(t)
+        for rule in self.index.get(t.op, ()):
+            replacement = self._try(rule, t)
+            if replacement is None or replacement is t:
+                continue
+            self.steps += 1
+            self.fired[rule.name] += 1
+            self.stats[rule.name].fired += 1
+            if self.log:
+                self.log(f"{rule.name} @ {rule.location}: {render(t, 3)} -> "
+                         f"{render(replacement, 3)}")
+            if self.steps > self.total_budget:
+                raise RewriteStop(f"step budget ({self.steps} rewrites) exhausted; most "
+                                  f"fired: {self._top()} (a rule that keeps growing a term?)")
+            self.active.append((t, rule.name))
+            try:
+                return self._normalize(replacement)
+            finally:
+                self.active.pop()
+        if self.folder is not None and t.args and t.op not in ("input", "getitem"):
+            folded = self.folder(t)
+            if folded is not None:
+                self.steps += 1
+                self.fired["fold-constants"] += 1
+                return folded
+        return t
+
+    def _try(self, rule: Rule, t: Term) -> Term | None:
+        st = self.stats.setdefault(rule.name, RuleStats())
+        st.tried += 1
+        start = time.perf_counter()
+        explaining = self.explain is not None and self.explain.rule == rule.name
+        matcher = Matcher(self.table)
+        try:
+            for env in matcher.match(rule.pattern, t, {}):
+                st.matched += 1
+                failed = next((src for g, src in rule.guards if not self.guards.check(g, env)),
+                              None)
+                if failed is not None:
+                    st.rejected_guard += 1
+                    if explaining:
+                        self.explain.consider(Failure(10**6, f"guard `{failed}` is false", t))
+                    continue
+                try:
+                    assert rule.replace is not None
+                    replacement = self.builder.term(rule.replace, env)
+                except Exception as e:  # noqa: BLE001 - an op that cannot take these inputs
+                    st.rejected_meta += 1
+                    if explaining:
+                        self.explain.consider(Failure(10**6, f"replacement cannot be built: {e}",
+                                                      t))
+                    continue
+                if not _same_value_type(t, replacement):
+                    st.rejected_meta += 1
+                    if explaining:
+                        self.explain.consider(Failure(
+                            10**6, f"replacement changes the result type "
+                            f"({t.meta.short()} -> {replacement.meta.short()})", t))
+                    continue
+                return replacement
+            if explaining and matcher.failure is not None:
+                self.explain.consider(matcher.failure)
+            return None
+        finally:
+            st.seconds += time.perf_counter() - start
+            if explaining:
+                self.explain.roots_seen += 1
+
+
+def _same_value_type(old: Term, new: Term) -> bool:
+    """A rewrite must keep the result's kind, shape and dtype (strides may differ)."""
+    a, b = old.meta, new.meta
+    if a.kind != b.kind or a.dtype != b.dtype or len(a.shape) != len(b.shape):
+        return False
+    if a.kind == "tuple":
+        return len(a.parts) == len(b.parts) and all(
+            p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape)
+            for p, q in zip(a.parts, b.parts, strict=True))
+    return all(_size_eq(x, y) for x, y in zip(a.shape, b.shape, strict=True))
+
+
+def _size_eq(x: Any, y: Any) -> bool:
+    if x is y or x == y:
+        return True
+    try:
+        return bool((x - y) == 0)
+    except TypeError:
+        return False

@@ -1,0 +1,318 @@
+"""Rule files: loading and validating the YAML rule schema.
+
+    rules:
+      - name: mul-one                 # unique, kebab-case
+        doc: "x * 1 -> x"             # the math, one line
+        kind: simplify                # decompose | simplify | fold | fuse
+        pattern: x * 1                # what to match
+        replace: x                    # what to build instead
+        where: [is_float(x)]          # optional guards
+        priority: 0                   # optional: higher is tried first
+        fp_exact: true                # optional: false if only exact over the reals
+        examples: [{x: f32[4, 8]}]    # inputs on which it must fire
+        no_match: [{x: i64[4]}]       # inputs on which it must not
+
+Every problem is reported with `file:line:col [rule]`. Loading only reads
+YAML with the safe loader and parses expressions with the lark grammar.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import syntax as S
+from .errors import RuleError, RuleErrors, Where
+from .guards import DTYPE_NAMES, GUARD_FUNCTIONS
+from .ops import OpTable, default_op_table
+from .pattern import Compiler, Pattern, POp
+from .yamlio import load_yaml
+
+KINDS = ("decompose", "simplify", "fold", "fuse")
+NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
+             "no_match", "fp_exact", "overrides", "template", "group"}
+FILE_KEYS = {"rules", "kind", "doc"}
+# Functions a replacement may use to compute attribute values.
+ATTR_FUNCS: dict[str, Any] = {
+    "len": len,
+    "last_dims": lambda n: tuple(range(-n, 0)) if isinstance(n, int) else tuple(range(-len(n), 0)),
+    "neg": lambda x: -x,
+    "compose_perm": lambda p, q: tuple(p[i] for i in q),
+    # (-1, 1, 1, ...) that puts a per-channel vector on dim 0 of a tensor like t
+    "channel_view": lambda t: (-1,) + (1,) * (t.meta.rank - 1),
+    # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t
+    "channel_bcast": lambda t: (-1,) + (1,) * (t.meta.rank - 2),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    name: str
+    doc: str
+    kind: str
+    pattern: POp
+    pattern_src: str
+    replace: S.Node | None
+    replace_src: str | None
+    guards: tuple[tuple[S.Node, str], ...]
+    where: Where
+    priority: int = 0
+    fp_exact: bool = True
+    overrides: bool = False
+    template: str | None = None
+    examples: tuple[dict[str, Any], ...] = ()
+    no_match: tuple[dict[str, Any], ...] = ()
+    builtin: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def root(self) -> str:
+        return self.pattern.op
+
+    @property
+    def location(self) -> str:
+        return f"{self.where.file}:{self.where.line}"
+
+    def __repr__(self) -> str:
+        return f"<rule {self.name} @ {self.location}>"
+
+
+def _pattern_vars(p: Pattern) -> set[str]:
+    from .pattern import PVar
+
+    out: set[str] = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PVar):
+            out.add(q.name)
+        elif isinstance(q, POp):
+            stack.extend(q.args)
+            stack.extend(v for _, v in q.attrs)
+    return out
+
+
+class RuleLoader:
+    def __init__(self, table: OpTable | None = None) -> None:
+        self.table = table or default_op_table()
+
+    def load_file(self, path: Path | str, *, builtin: bool = False,
+                  text: str | None = None) -> list[Rule]:
+        path_s = _display(Path(path))
+        data, lines = load_yaml(path_s if text is not None else path, text=text)
+        file_where = Where(path_s, 1)
+        if not isinstance(data, dict) or "rules" not in data:
+            raise RuleError("a rule file is a mapping with a `rules:` list", file_where)
+        unknown = set(data) - FILE_KEYS
+        if unknown:
+            raise RuleError(f"unknown top-level key(s): {', '.join(sorted(map(str, unknown)))}",
+                            file_where)
+        default_kind = data.get("kind")
+        items = data["rules"]
+        if not isinstance(items, list):
+            raise RuleError("`rules:` must be a list", Where(path_s, lines.get(("rules",), 1)))
+        errors: list[RuleError] = []
+        rules: list[Rule] = []
+        for i, entry in enumerate(items):
+            line = lines.get(("rules", i), 0)
+            try:
+                rules.append(self._rule(entry, path_s, line, lines, ("rules", i), default_kind,
+                                        builtin))
+            except RuleError as e:
+                errors.append(e)
+        if errors:
+            raise RuleErrors(errors)
+        return rules
+
+    def _rule(self, entry: Any, file: str, line: int, lines: dict[tuple[Any, ...], int],
+              path: tuple[Any, ...], default_kind: str | None, builtin: bool) -> Rule:
+        where = Where(file, line)
+        if not isinstance(entry, dict):
+            raise RuleError("each rule is a mapping (name:, doc:, pattern:, ...)", where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise RuleError(f"rule name must be kebab-case letters, digits and '-', got "
+                            f"{name!r}", where)
+        where = Where(file, line, rule=name)
+
+        def at(key: str) -> Where:
+            return Where(file, lines.get(path + (key,), line), 1, name)
+
+        unknown = set(entry) - RULE_KEYS
+        if unknown:
+            raise RuleError(f"unknown key(s): {', '.join(sorted(map(str, unknown)))}", where)
+        doc = entry.get("doc")
+        if not isinstance(doc, str) or not doc.strip() or "\n" in doc.strip():
+            raise RuleError("every rule needs a one-line `doc:` with its math", where)
+        kind = entry.get("kind", default_kind)
+        if kind not in KINDS:
+            raise RuleError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}", at("kind"))
+        compiler = Compiler(self.table, at("pattern"))
+        src = entry.get("pattern")
+        if not isinstance(src, str):
+            raise RuleError("missing `pattern:` (an expression string)", where)
+        ast = S.parse_expr(src, _value_where(lines, path + ("pattern",), at("pattern")))
+        pattern = compiler.pattern(ast)
+        if not isinstance(pattern, POp):
+            raise RuleError("a pattern must apply an op at its root, not a bare variable "
+                            "or constant", at("pattern"))
+        bound = _pattern_vars(pattern)
+        replace_src = entry.get("replace")
+        replace_ast: S.Node | None = None
+        if kind != "fuse":
+            if not isinstance(replace_src, str | int | float) or isinstance(replace_src, bool):
+                raise RuleError("missing `replace:` (an expression)", where)
+            replace_src = str(replace_src)
+            rwhere = _value_where(lines, path + ("replace",), at("replace"))
+            replace_ast = S.parse_expr(replace_src, rwhere)
+            self._check_replace(replace_ast, bound, Compiler(self.table, rwhere))
+        guards_src = entry.get("where", [])
+        if isinstance(guards_src, str):
+            guards_src = [guards_src]
+        if not isinstance(guards_src, list):
+            raise RuleError("`where:` is a guard expression or a list of them", at("where"))
+        guards = []
+        for g in guards_src:
+            gwhere = at("where")
+            g_ast = S.parse_expr(str(g), gwhere)
+            self._check_guard(g_ast, bound, Compiler(self.table, gwhere))
+            guards.append((g_ast, str(g)))
+        examples = entry.get("examples")
+        if not isinstance(examples, list) or not examples:
+            raise RuleError("every rule needs `examples:` (a list of inputs it must fire on)",
+                            where)
+        no_match = entry.get("no_match", [])
+        for ex in [*examples, *no_match]:
+            if not isinstance(ex, dict):
+                raise RuleError("each example is a mapping of variable -> spec "
+                                "(e.g. {x: f32[4, 8]})", at("examples"))
+        priority = entry.get("priority", 0)
+        if not isinstance(priority, int):
+            raise RuleError("priority must be an integer", at("priority"))
+        template = entry.get("template")
+        if kind == "fuse" and not isinstance(template, str):
+            raise RuleError("a fuse rule names its `template:`", where)
+        return Rule(
+            name=name, doc=doc.strip(), kind=kind, pattern=pattern, pattern_src=src,
+            replace=replace_ast, replace_src=replace_src, guards=tuple(guards), where=where,
+            priority=priority, fp_exact=bool(entry.get("fp_exact", True)),
+            overrides=bool(entry.get("overrides", False)), template=template,
+            examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
+            extra={k: entry[k] for k in ("group",) if k in entry},
+        )
+
+    def _check_replace(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
+        for v in S.variables(node):
+            if v.name == "_":
+                raise compiler.error("`_` cannot appear in a replacement", v)
+            if v.name not in bound and v.name not in DTYPE_NAMES:
+                raise compiler.error(f"unbound variable `{v.name}` in replace "
+                                     f"(the pattern binds: {', '.join(sorted(bound)) or 'none'})",
+                                     v)
+        self._check_ops(node, compiler, replace=True)
+
+    def _check_ops(self, node: S.Node, compiler: Compiler, replace: bool) -> None:
+        """Every op a replacement builds must exist, with the right operands and
+        attributes; attribute values may use the functions in ATTR_FUNCS."""
+        from .pattern import op_name
+
+        if isinstance(node, S.Var | S.Lit):
+            return
+        if isinstance(node, S.Seq):
+            raise compiler.error("a list is only allowed as an attribute value", node)
+        try:
+            name, args, kwargs = op_name(node, self.table)
+        except RuleError as e:
+            raise compiler.error(e.message, node) from None
+        if name != "getitem":
+            info = self.table.get(name)
+            if info is None:
+                raise compiler.error(f"unknown op {name!r} (not in rules/ops.yaml)", node)
+            if len(args) != len(info.args):
+                raise compiler.error(f"{name} takes {len(info.args)} operand(s) "
+                                     f"({', '.join(info.args)}), got {len(args)}", node)
+            for key, value in kwargs:
+                if key not in info.attrs:
+                    known = ", ".join(info.attrs) or "none"
+                    raise compiler.error(f"{name} has no attribute {key!r} (known: {known})",
+                                         value)
+                self._check_attr_expr(value, compiler)
+        for a in args:
+            self._check_ops(a, compiler, replace)
+
+    def _check_attr_expr(self, node: S.Node, compiler: Compiler) -> None:
+        if isinstance(node, S.Call):
+            if node.func not in ATTR_FUNCS:
+                raise compiler.error(f"unknown attribute function {node.func!r} (known: "
+                                     f"{', '.join(sorted(ATTR_FUNCS))})", node)
+            for a in node.args:
+                self._check_attr_expr(a, compiler)
+        elif isinstance(node, S.Seq):
+            for x in node.items:
+                self._check_attr_expr(x, compiler)
+        elif isinstance(node, S.BinOp):
+            self._check_attr_expr(node.left, compiler)
+            self._check_attr_expr(node.right, compiler)
+        elif isinstance(node, S.Neg):
+            self._check_attr_expr(node.operand, compiler)
+
+    def _check_guard(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
+        for v in S.variables(node):
+            if v.name not in bound and v.name not in DTYPE_NAMES:
+                raise compiler.error(f"unbound variable `{v.name}` in guard", v)
+
+        def visit(n: Any) -> None:
+            if isinstance(n, S.Call):
+                if n.func not in GUARD_FUNCTIONS:
+                    raise compiler.error(f"unknown guard function {n.func!r} (known: "
+                                         f"{', '.join(sorted(GUARD_FUNCTIONS))})", n)
+                for a in n.args:
+                    visit(a)
+            elif isinstance(n, S.Node):
+                for f in n.__dataclass_fields__:
+                    visit(getattr(n, f))
+            elif isinstance(n, tuple):
+                for x in n:
+                    visit(x)
+
+        visit(node)
+
+
+def _value_where(lines: dict[tuple[Any, ...], Any], path: tuple[Any, ...], key: Where) -> Where:
+    """Where an expression's first character sits in the file."""
+    line, col = lines.get(("@",) + path, (key.line, 1))
+    return Where(key.file, line, col, key.rule)
+
+
+def _display(path: Path) -> str:
+    """Paths in messages: relative to the package for built-in rules, else as given."""
+    pkg = Path(__file__).resolve().parent.parent
+    try:
+        return str(path.resolve().relative_to(pkg))
+    except ValueError:
+        return str(path)
+
+
+def rule_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*.yaml") if p.name != "ops.yaml")
+    return [path]
+
+
+def check_unique(rules: list[Rule]) -> list[Rule]:
+    """Later files may override an earlier rule only when they say so."""
+    by_name: dict[str, Rule] = {}
+    errors: list[RuleError] = []
+    for r in rules:
+        old = by_name.get(r.name)
+        if old is not None and not r.overrides:
+            errors.append(RuleError(f"duplicate rule name (first defined at {old.location}); "
+                                    "add `overrides: true` to replace it", r.where))
+            continue
+        by_name[r.name] = r
+    if errors:
+        raise RuleErrors(errors)
+    return list(by_name.values())

@@ -1,0 +1,280 @@
+"""Parsing rule expressions (`engine/grammar.lark`) into a small frozen AST.
+
+The same grammar reads patterns, replacements and guards. Nothing here is
+ever passed to `eval`: the AST is interpreted by `pattern.py` (matching and
+building terms) and `guards.py` (guards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import lark
+
+from .errors import RuleError, Where
+
+
+@dataclass(frozen=True)
+class Node:
+    line: int = field(default=0, compare=False, kw_only=True)
+    col: int = field(default=0, compare=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Var(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class Lit(Node):
+    value: Any  # int | float | str | bool | None
+
+
+@dataclass(frozen=True)
+class Call(Node):
+    func: str
+    args: tuple[Node, ...]
+    kwargs: tuple[tuple[str, Node], ...]
+
+
+@dataclass(frozen=True)
+class BinOp(Node):
+    op: str  # + - * / // % **
+    left: Node
+    right: Node
+
+
+@dataclass(frozen=True)
+class Neg(Node):
+    operand: Node
+
+
+@dataclass(frozen=True)
+class Not(Node):
+    operand: Node
+
+
+@dataclass(frozen=True)
+class BoolOp(Node):
+    op: str  # and | or
+    left: Node
+    right: Node
+
+
+@dataclass(frozen=True)
+class Compare(Node):
+    op: str  # == != < <= > >= in, not in
+    left: Node
+    right: Node
+
+
+@dataclass(frozen=True)
+class GetAttr(Node):
+    value: Node
+    attr: str
+
+
+@dataclass(frozen=True)
+class Index(Node):
+    value: Node
+    index: Node
+
+
+@dataclass(frozen=True)
+class Seq(Node):
+    kind: str  # tuple | list
+    items: tuple[Node, ...]
+
+
+_NAMED_CONSTS = {"True": True, "False": False, "None": None}
+
+
+def _pos(meta: Any) -> dict[str, int]:
+    if getattr(meta, "empty", True):
+        return {}
+    return {"line": meta.line, "col": meta.column}
+
+
+@lark.v_args(meta=True)
+class _ToAst(lark.Transformer):
+    def var(self, meta: Any, c: list[Any]) -> Node:
+        name = str(c[0])
+        if name in _NAMED_CONSTS:
+            return Lit(_NAMED_CONSTS[name], **_pos(meta))
+        return Var(name, **_pos(meta))
+
+    def number(self, meta: Any, c: list[Any]) -> Node:
+        text = str(c[0])
+        value: int | float = float(text) if any(ch in text for ch in ".eE") else int(text)
+        return Lit(value, **_pos(meta))
+
+    def string(self, meta: Any, c: list[Any]) -> Node:
+        return Lit(str(c[0])[1:-1], **_pos(meta))
+
+    def tuple(self, meta: Any, c: list[Any]) -> Node:
+        return Seq("tuple", tuple(x for x in c if x is not None), **_pos(meta))
+
+    def list(self, meta: Any, c: list[Any]) -> Node:
+        return Seq("list", tuple(x for x in c if x is not None), **_pos(meta))
+
+    def call(self, meta: Any, c: list[Any]) -> Node:
+        args: list[Node] = []
+        kwargs: list[tuple[str, Node]] = []
+        for a in (c[1] if len(c) > 1 and c[1] is not None else []):
+            if isinstance(a, tuple):
+                kwargs.append(a)
+            elif kwargs:
+                raise RuleError("positional argument after keyword argument",
+                                Where("", getattr(a, "line", 0), getattr(a, "col", 0)))
+            else:
+                args.append(a)
+        return Call(str(c[0]), tuple(args), tuple(kwargs), **_pos(meta))
+
+    def arguments(self, meta: Any, c: list[Any]) -> list[Any]:
+        return [x for x in c if x is not None]
+
+    def kwarg(self, meta: Any, c: list[Any]) -> tuple[str, Node]:
+        return (str(c[0]), c[1])
+
+    def binop(self, meta: Any, c: list[Any]) -> Node:
+        return BinOp(str(c[1]), c[0], c[2], **_pos(meta))
+
+    def pow(self, meta: Any, c: list[Any]) -> Node:
+        return BinOp("**", c[0], c[2], **_pos(meta))
+
+    def neg(self, meta: Any, c: list[Any]) -> Node:
+        if isinstance(c[0], Lit) and isinstance(c[0].value, int | float) \
+                and not isinstance(c[0].value, bool):
+            return Lit(-c[0].value, **_pos(meta))
+        return Neg(c[0], **_pos(meta))
+
+    def not_(self, meta: Any, c: list[Any]) -> Node:
+        return Not(c[0], **_pos(meta))
+
+    def and_(self, meta: Any, c: list[Any]) -> Node:
+        return BoolOp("and", c[0], c[1], **_pos(meta))
+
+    def or_(self, meta: Any, c: list[Any]) -> Node:
+        return BoolOp("or", c[0], c[1], **_pos(meta))
+
+    def compare(self, meta: Any, c: list[Any]) -> Node:
+        return Compare(c[1], c[0], c[2], **_pos(meta))
+
+    def comp_op(self, meta: Any, c: list[Any]) -> str:
+        return " ".join(str(t) for t in c)
+
+    def getattr(self, meta: Any, c: list[Any]) -> Node:
+        return GetAttr(c[0], str(c[1]), **_pos(meta))
+
+    def index(self, meta: Any, c: list[Any]) -> Node:
+        return Index(c[0], c[1], **_pos(meta))
+
+
+@cache
+def _parser() -> lark.Lark:
+    grammar = (Path(__file__).parent / "grammar.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+# Friendly messages for the parse errors people make most; each is also a test.
+_HINTS: list[tuple[str, str]] = [
+    ("x +", "expression ends too early"),
+    ("relu(x", "missing closing parenthesis"),
+    ("relu(x))", "unbalanced parenthesis"),
+    ("x = y", "use == to compare; = is only for keyword arguments"),
+    ("x ** ** 2", "an operator is missing its operand"),
+]
+
+
+def _hint(text: str, err: lark.exceptions.LarkError) -> str:
+    if isinstance(err, lark.exceptions.UnexpectedEOF) or (
+            isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
+        return "expression ends too early (unbalanced parenthesis or missing operand?)"
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        return f"unexpected character {text[err.pos_in_stream]!r}"
+    if isinstance(err, lark.exceptions.UnexpectedToken):
+        tok = err.token
+        if tok.value == "=":
+            return "use == to compare; = is only for keyword arguments"
+        if tok.value == ")":
+            return "unexpected ')' (unbalanced parenthesis?)"
+        return f"unexpected {tok.value!r}"
+    return str(err).splitlines()[0]
+
+
+def parse_expr(text: str, where: Where | None = None) -> Node:
+    """Parse one expression; errors carry file:line:col of the offending spot."""
+    where = where or Where("<expr>", 1, 1)
+    if not isinstance(text, str):
+        raise RuleError(f"expected an expression string, got {type(text).__name__}", where)
+    try:
+        tree = _parser().parse(text)
+        return _ToAst().transform(tree)
+    except lark.exceptions.VisitError as e:
+        inner = e.orig_exc
+        if isinstance(inner, RuleError):
+            raise RuleError(inner.message, _shift(where, inner.where.line if inner.where else 1,
+                                                   inner.where.col if inner.where else 1)) from None
+        raise RuleError(f"cannot read expression: {inner}", where) from None
+    except lark.exceptions.LarkError as e:
+        line = getattr(e, "line", 1) or 1
+        col = getattr(e, "column", 1) or 1
+        if isinstance(e, lark.exceptions.UnexpectedToken) and e.token.type == "$END":
+            line, col = 1, len(text) + 1
+        raise RuleError(f"syntax error: {_hint(text, e)} in `{text.strip()}`",
+                        _shift(where, line, col)) from None
+
+
+def _shift(where: Where, line: int, col: int) -> Where:
+    """Position inside an expression -> position in the rule file."""
+    if line <= 1:
+        return Where(where.file, where.line, where.col + col - 1, where.rule)
+    return Where(where.file, where.line + line - 1, col, where.rule)
+
+
+def variables(node: Node) -> list[Var]:
+    """Every variable in an expression, in reading order."""
+    out: list[Var] = []
+
+    def visit(n: Any) -> None:
+        if isinstance(n, Var):
+            out.append(n)
+        elif isinstance(n, Node):
+            for f in n.__dataclass_fields__:
+                visit(getattr(n, f))
+        elif isinstance(n, tuple):
+            for x in n:
+                visit(x)
+
+    visit(node)
+    return out
+
+
+def show(node: Node) -> str:
+    """Render an AST back as rule-language text."""
+    if isinstance(node, Var):
+        return node.name
+    if isinstance(node, Lit):
+        return repr(node.value)
+    if isinstance(node, Call):
+        parts = [show(a) for a in node.args] + [f"{k}={show(v)}" for k, v in node.kwargs]
+        return f"{node.func}({', '.join(parts)})"
+    if isinstance(node, BinOp):
+        return f"({show(node.left)} {node.op} {show(node.right)})"
+    if isinstance(node, Neg):
+        return f"-{show(node.operand)}"
+    if isinstance(node, Not):
+        return f"not {show(node.operand)}"
+    if isinstance(node, BoolOp | Compare):
+        return f"{show(node.left)} {node.op} {show(node.right)}"
+    if isinstance(node, GetAttr):
+        return f"{show(node.value)}.{node.attr}"
+    if isinstance(node, Index):
+        return f"{show(node.value)}[{show(node.index)}]"
+    if isinstance(node, Seq):
+        inner = ", ".join(show(x) for x in node.items)
+        return f"[{inner}]" if node.kind == "list" else f"({inner}{',' if len(node.items) == 1 else ''})"
+    return "?"

@@ -1,0 +1,81 @@
+"""Constant folding and freezing: the torch half of the `fold` phase.
+
+The engine decides *where* to fold (a term whose operands are all constants
+or frozen parameters); this module computes the value with ATen at compile
+time and wraps it as a `tensor` term.
+
+Freezing (turning parameters into constants) is only sound while the
+parameters do not change. rewritec freezes inference graphs only, and the
+compiled function checks each frozen parameter's identity and version
+counter on every call: after `optimizer.step()` or any in-place update it
+runs an unfrozen compilation of the same graph instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..engine.term import Term, TermStore
+from .aten import Bridge, Opaque, meta_of
+
+# Do not materialize constants larger than this many elements.
+MAX_FOLD_NUMEL = 1 << 22
+
+
+def tensor_term(store: TermStore, bridge: Bridge, value: torch.Tensor, label: str) -> Term:
+    fake = bridge.fake_mode.from_tensor(value, static_shapes=True)
+    return store.make("tensor", (), (("value", Opaque(value, label)),), meta=meta_of(fake))
+
+
+def make_folder(store: TermStore, bridge: Bridge) -> Callable[[Term], Term | None]:
+    counter = [0]
+
+    def fold(t: Term) -> Term | None:
+        if t.op in ("tensor", "const", "input", "call") or t.attr("nonce") is not None:
+            return None
+        if t.meta.kind != "tensor" or not any(a.op == "tensor" for a in t.args):
+            return None
+        if any(a.op not in ("tensor", "const") for a in t.args):
+            return None
+        try:
+            numel = int(t.meta.numel())
+        except TypeError:
+            return None  # symbolic size
+        if numel > MAX_FOLD_NUMEL:
+            return None
+        values = [a.attr("value").value if a.op == "tensor" else a.value for a in t.args]
+        with torch.no_grad():
+            value = bridge.run(t, values)
+        if not isinstance(value, torch.Tensor):
+            return None
+        counter[0] += 1
+        return tensor_term(store, bridge, value, f"folded{counter[0]}")
+
+    return fold
+
+
+def is_frozen(t: Term) -> bool:
+    return t.op == "tensor"
+
+
+class FrozenGuard:
+    """Calls the frozen compilation while the frozen parameters are untouched."""
+
+    def __init__(self, frozen: dict[int, torch.Tensor], fast: Any,
+                 make_slow: Callable[[], Any]) -> None:
+        self.checks = [(i, t, t._version) for i, t in frozen.items()]
+        self.fast = fast
+        self.make_slow = make_slow
+        self.slow: Any = None
+        self._boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:
+        for i, t, version in self.checks:
+            if args[i] is not t or t._version != version:
+                if self.slow is None:
+                    self.slow = self.make_slow()
+                return self.slow(args)
+        return self.fast(args)

@@ -1,0 +1,78 @@
+"""Which rules a compilation uses: the built-in library plus the user's files.
+
+Built-in rules live in `rules/<family>/*.yaml`. User rules come from
+`--rules PATH`, REWRITEC_RULES or the `rules` option; a user rule that
+reuses a built-in name is an error unless it says `overrides: true`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import cache
+from pathlib import Path
+
+from .engine.errors import RuleError, RuleErrors
+from .engine.ops import RULES_DIR
+from .engine.rules import Rule, RuleLoader, check_unique, rule_files
+from .options import Options
+
+
+def _load(paths: list[Path], builtin: bool) -> list[Rule]:
+    loader = RuleLoader()
+    rules: list[Rule] = []
+    errors: list[RuleError] = []
+    for root in paths:
+        if not root.exists():
+            errors.append(RuleError(f"no such rule file or folder: {root}"))
+            continue
+        for f in rule_files(root):
+            try:
+                rules.extend(loader.load_file(f, builtin=builtin))
+            except RuleErrors as e:
+                errors.extend(e.errors)
+            except RuleError as e:
+                errors.append(e)
+    if errors:
+        raise RuleErrors(errors)
+    return rules
+
+
+@cache
+def builtin_rules() -> tuple[Rule, ...]:
+    return tuple(_load([RULES_DIR], builtin=True))
+
+
+@cache
+def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...]) -> tuple[Rule, ...]:
+    rules = list(builtin_rules()) + _load([Path(p) for p in user_paths], builtin=False)
+    rules = check_unique(rules)
+    return tuple(r for r in rules if r.name not in disabled)
+
+
+def ruleset_for(opts: Options) -> list[Rule]:
+    rules = _ruleset(tuple(opts.rules), tuple(opts.disable))
+    return [r for r in rules if r.fp_exact or opts.fast_math]
+
+
+def find_rule(name: str, opts: Options) -> Rule:
+    for r in ruleset_for(opts):
+        if r.name == name:
+            return r
+    raise RuleError(f"no rule named {name!r} (see `rewritec rules list`)")
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    opts = Options.make(rules=tuple(args.rules))
+    if args.action == "list":
+        rules = ruleset_for(opts)
+        width = max(len(r.name) for r in rules)
+        for r in sorted(rules, key=lambda r: (r.kind, r.where.file, r.where.line)):
+            print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}")
+        print(f"\n{len(rules)} rules")
+        return 0
+    from .rulecheck import check_rules, test_rules
+
+    if args.action == "check":
+        return check_rules(opts, out=sys.stdout)
+    return test_rules(opts, out=sys.stdout)
