@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/rewritec compile examples/mlp.py --out rewritec_out
+	$(VENV)/bin/rewritec compile examples/mlp.py --out rewritec_out --fast-math
 
 test: $(VENV)/.installed
 	$(PY) -m pytest

@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=("cpu", "cuda"), default=None)
     c.add_argument("--target", choices=("auto", "aten", "triton", "openmp"), default=None)
     c.add_argument("--strict", action="store_true", help="turn every fallback into an error")
+    c.add_argument("--fast-math", action="store_true",
+                   help="also apply rules that are exact over the reals but not under inf/nan")
     c.add_argument("--quiet", action="store_true", help="no summary table")
     common(c)
 
@@ -124,7 +126,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .options import Options
 
     options: dict[str, Any] = {"out_dir": args.out, "rules": tuple(args.rules),
-                               "strict": args.strict}
+                               "strict": args.strict, "fast_math": args.fast_math}
     if args.device:
         options["device"] = args.device
     if args.target:

@@ -38,6 +38,18 @@ class OpInfo:
     combine: str | None = None
     where: Where | None = None
 
+    def overloads(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(overload, operand order) pairs: `rsub.Scalar(y, x)` calls rsub with y first."""
+        out = []
+        for entry in self.aten:
+            name, _, rest = entry.partition("(")
+            if rest:
+                names = [a.strip() for a in rest.rstrip(")").split(",")]
+                out.append((name.strip(), tuple(self.args.index(n) for n in names)))
+            else:
+                out.append((name, tuple(range(len(self.args)))))
+        return out
+
     def default_attrs(self) -> tuple[tuple[str, Any], ...]:
         from .term import freeze
 
@@ -48,9 +60,11 @@ class OpTable:
     def __init__(self, ops: dict[str, OpInfo]) -> None:
         self.ops = ops
         self.by_aten: dict[str, OpInfo] = {}
+        self.order: dict[str, tuple[int, ...]] = {}
         for op in ops.values():
-            for overload in op.aten:
+            for overload, order in op.overloads():
                 self.by_aten[overload] = op
+                self.order[overload] = order
         self.infix = {op.infix: op.name for op in ops.values() if op.infix}
         self.prefix = {op.prefix: op.name for op in ops.values() if op.prefix}
 

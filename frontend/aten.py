@@ -90,9 +90,11 @@ def meta_of(value: Any) -> Meta:
     return Meta(kind="opaque", payload=value)
 
 
-def to_torch_attr(value: Any, arg_type: torch.Type | None) -> Any:
+def to_torch_attr(value: Any, arg_type: Any = None) -> Any:
     """Turn an engine attribute (short dtype names, tuples) back into ATen's form."""
-    if isinstance(value, str) and arg_type is not None and "ScalarType" in str(arg_type):
+    # ScalarType arguments show as int in schema types; the engine spells them f32, f16, ...
+    if isinstance(value, str) and value in TORCH_DTYPES and arg_type is not None \
+            and str(arg_type.type) in ("int", "Optional[int]"):
         return TORCH_DTYPES[value]
     if isinstance(value, tuple):
         return [to_torch_attr(v, None) for v in value]
@@ -117,19 +119,34 @@ def overload(name: str) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops.aten, packet), over or "default")
 
 
+def operand_positions(schema_args: list[Any], n: int) -> list[int]:
+    """Schema positions of an op's n operands: its first n tensor or scalar arguments
+    (so native_layer_norm's operands are input, weight, bias around normalized_shape)."""
+    found = [i for i, a in enumerate(schema_args)
+             if str(a.type) in ("Tensor", "Optional[Tensor]", "number", "Optional[number]")]
+    return found[:n]
+
+
 def _is_scalar(t: Term) -> bool:
     return t.meta.kind != "tensor"
 
 
 def _accepts(schema_args: list[Any], operands: tuple[Term, ...]) -> bool:
-    for i, (arg, term) in enumerate(zip(schema_args, operands, strict=False)):
+    positions = operand_positions(schema_args, len(operands))
+    if len(positions) < len(operands):
+        return False
+    for i, term in zip(positions, operands, strict=True):
+        arg = schema_args[i]
         type_s = str(arg.type)
-        if type_s.startswith("Tensor"):
+        if "Tensor" in type_s:
             # ATen wraps a python number given for a later Tensor argument,
             # but `self` must really be a tensor (None only where optional).
-            if _is_scalar(term) and (i == 0 or term.meta.kind == "none") and "?" not in type_s:
+            optional = type_s.startswith("Optional")
+            if term.meta.kind == "none" and not optional:
                 return False
-        elif "Scalar" in type_s and not _is_scalar(term):
+            if term.meta.kind == "scalar" and i == 0:
+                return False
+        elif "number" in type_s and not _is_scalar(term):
             return False
     return True
 
@@ -164,10 +181,10 @@ class Bridge:
     def _table_call(self, info: OpInfo, term: Term) -> tuple[Any, list[Any], dict[str, Any],
                                                              list[Term]]:
         operands = list(term.args)
-        for name in info.aten:
+        for name, perm in info.overloads():
             op = overload(name)
             schema_args = op._schema.arguments
-            order = operands
+            order = [operands[i] for i in perm]
             if not _accepts(schema_args, tuple(order)):
                 if info.commutative and len(order) == 2 and _accepts(schema_args, (order[1], order[0])):
                     order = [order[1], order[0]]
@@ -176,11 +193,12 @@ class Bridge:
             args: list[Any] = []
             kwargs: dict[str, Any] = {}
             attrs = dict(term.attrs)
+            slots = {pos: k for k, pos in enumerate(operand_positions(schema_args, len(order)))}
             for i, arg in enumerate(schema_args):
-                if i < len(order):
-                    value: Any = Slot(i)
+                if i in slots:
+                    value: Any = Slot(slots[i])
                 elif arg.name in attrs:
-                    value = to_torch_attr(attrs[arg.name], arg.type)
+                    value = to_torch_attr(attrs[arg.name], arg)
                 else:
                     continue
                 if arg.kwarg_only:

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from ..engine.term import Graph, Term, TermStore, freeze
-from .aten import Bridge, Opaque, Slot, from_torch_attr, meta_of
+from .aten import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
 
 
 class Unsupported(Exception):
@@ -138,6 +138,9 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     bound.update(node.kwargs)
     operands: list[Term] = []
     attrs: list[tuple[str, Any]] = []
+    positions = operand_positions(schema_args, len(info.args))
+    if len(positions) < len(info.args):
+        return None
     for i, arg in enumerate(schema_args):
         if arg.name in bound:
             value = bound[arg.name]
@@ -145,7 +148,7 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
             value = arg.default_value
         else:
             return None
-        if i < len(info.args):
+        if i in positions:
             if isinstance(value, torch.fx.Node):
                 operands.append(env[value])
             elif _has_node(value):
@@ -156,7 +159,11 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
             if _has_node(value) or arg.name not in info.attrs:
                 return None  # symbolic attribute or one the table does not know
             attrs.append((arg.name, from_torch_attr(value)))
-    return store.make(info.name, operands, tuple(attrs) + nonce, meta)
+    order = bridge.table.order[name]
+    ordered: list[Term] = [operands[0]] * len(operands)
+    for k, term in enumerate(operands):
+        ordered[order[k]] = term
+    return store.make(info.name, ordered, tuple(attrs) + nonce, meta)
 
 
 def _generic(node: torch.fx.Node, op: str, target: Any, env: dict[torch.fx.Node, Term],
