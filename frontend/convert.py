@@ -76,7 +76,13 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
             outs = outs if isinstance(outs, tuple | list) else (outs,)
             outputs = tuple(_output(o, env) for o in outs)
         elif node.op == "get_attr":
-            raise Unsupported(f"get_attr node {node.target!r}")
+            # A constant tensor held by the graph module (torch.tensor(...) in forward).
+            value = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            if not isinstance(value, torch.Tensor):
+                raise Unsupported(f"get_attr node {node.target!r} of type {type(value).__name__}")
+            env[node] = tensor_term(store, bridge, value, str(node.target))
         else:
             raise Unsupported(f"FX node kind {node.op!r}")
     return Converted(Graph(tuple(inputs), outputs), store, bridge, kinds)

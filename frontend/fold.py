@@ -47,7 +47,10 @@ def make_folder(store: TermStore, bridge: Bridge) -> Callable[[Term], Term | Non
         if numel > MAX_FOLD_NUMEL:
             return None
         values = [a.attr("value").value if a.op == "tensor" else a.value for a in t.args]
-        with torch.no_grad():
+        # The compiler may run inside AOTAutograd's fake mode; folding needs real tensors.
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with torch.no_grad(), unset_fake_temporarily():
             value = bridge.run(t, values)
         if not isinstance(value, torch.Tensor):
             return None

@@ -1,0 +1,149 @@
+"""The `rewritec` command line, run as a real subprocess.
+
+Each run that imports torch costs seconds, so there are few of them and each
+checks several things.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import rewritec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PY_MODULE = [sys.executable, "-m", "rewritec.cli"]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "rewritec"
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _explain(res: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n--- stderr\n{res.stderr[-4000:]}"
+
+
+def _check_report(out: Path) -> list[dict]:
+    report_file = out / "report.json"
+    assert report_file.is_file(), f"no report.json in {out}: {sorted(out.iterdir())}"
+    data = json.loads(report_file.read_text())
+    graphs = data["graphs"]
+    assert isinstance(graphs, list) and graphs, "report.json lists no graphs"
+    for g in graphs:
+        assert isinstance(g["rules_fired"], dict), g
+        assert isinstance(g["kernels"], list), g
+        assert isinstance(g["fallback_ops"], dict), g
+        assert g["status"] == "compiled", f"graph {g['name']} fell back: {g.get('reason')}"
+        for key in ("captured", "final", "wrapper"):
+            assert key in g["files"], f"graph {g['name']} has no {key} file: {g['files']}"
+            path = Path(g["files"][key])
+            path = path if path.is_absolute() else out.parent / path
+            assert path.is_file(), f"{key} file of {g['name']} missing: {path}"
+    return graphs
+
+
+@pytest.fixture(scope="module")
+def console_script() -> Path:
+    if not CONSOLE_SCRIPT.exists():
+        pytest.skip(f"no console script next to {sys.executable}")
+    return CONSOLE_SCRIPT
+
+
+def test_compile_example_mlp(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = _run([*PY_MODULE, "compile", str(REPO_ROOT / "examples" / "mlp.py"), "--out", str(out)],
+               cwd=tmp_path)
+    assert res.returncode == 0, _explain(res)
+    assert "step 4: loss" in res.stdout  # the script itself ran to the end
+    graphs = _check_report(out)
+    kinds = {g["kind"] for g in graphs}
+    assert {"forward", "backward", "export"} <= kinds, kinds
+    data = json.loads((out / "report.json").read_text())
+    # mlp.py defines `model` and `example_inputs`: exported, compiled and checked.
+    assert data["ahead_of_time"]["matches_eager"] is True, data["ahead_of_time"]
+
+
+SMALL_SCRIPT = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+
+@torch.compile
+def act(x):
+    return F.softmax(torch.tanh(x) * 2.0, dim=-1)
+
+lin = torch.nn.Linear(8, 4)
+step = torch.compile(dynamic=False)(lambda x: F.relu(lin(x)).sum(dim=0))
+
+x = torch.randn(5, 8, requires_grad=True)
+ok = torch.allclose(act(x), F.softmax(torch.tanh(x) * 2.0, dim=-1), atol=1e-5)
+y = step(x)
+y.sum().backward()
+ok = ok and torch.allclose(y, F.relu(lin(x)).sum(dim=0), atol=1e-5)
+assert ok, "compiled result differs from eager"
+print("SMALL SCRIPT DONE")
+"""
+
+
+def test_console_script_compiles_a_small_script_strictly(tmp_path: Path,
+                                                         console_script: Path) -> None:
+    script = tmp_path / "small_script.py"
+    script.write_text(textwrap.dedent(SMALL_SCRIPT))
+    res = _run([str(console_script), "compile", script.name, "--out", "arts", "--strict"],
+               cwd=tmp_path)
+    assert res.returncode == 0, _explain(res)
+    assert "SMALL SCRIPT DONE" in res.stdout
+    graphs = _check_report(tmp_path / "arts")
+    assert {"forward", "backward"} <= {g["kind"] for g in graphs}
+
+
+def test_raising_script_shows_its_own_traceback(tmp_path: Path, console_script: Path) -> None:
+    script = tmp_path / "failing_user_script.py"
+    script.write_text(textwrap.dedent("""
+        def inner():
+            raise ValueError("boom from the user script 4711")
+
+        inner()
+    """))
+    res = _run([str(console_script), "compile", str(script), "--out", str(tmp_path / "o")],
+               cwd=tmp_path)
+    assert res.returncode != 0, _explain(res)
+    err = res.stderr
+    assert "ValueError: boom from the user script 4711" in err, _explain(res)
+    frames = [line.strip() for line in err.splitlines() if line.strip().startswith("File ")]
+    assert frames, _explain(res)
+    # The traceback is the script's: it starts in the script and reaches `inner`.
+    assert script.name in frames[0], frames
+    assert any(script.name in f and "in inner" in f for f in frames), frames
+    assert not (tmp_path / "o" / "report.json").exists()
+
+
+def test_missing_script_is_a_one_line_error(tmp_path: Path) -> None:
+    res = _run([*PY_MODULE, "compile", "no_such_script_here.py"], cwd=tmp_path)
+    assert res.returncode != 0, _explain(res)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, _explain(res)
+    assert "no_such_script_here.py" in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_help_and_version(tmp_path: Path, console_script: Path) -> None:
+    res = _run([str(console_script), "--version"], cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, _explain(res)
+    assert rewritec.__version__ in res.stdout
+    res = _run([*PY_MODULE, "--help"], cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, _explain(res)
+    assert "compile" in res.stdout and "usage" in res.stdout.lower()
+    res = _run([*PY_MODULE, "compile", "--help"], cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, _explain(res)
+    assert "--out" in res.stdout and "--strict" in res.stdout
+    res = _run([*PY_MODULE], cwd=tmp_path, timeout=60)  # no command: a usage error
+    assert res.returncode != 0 and "usage" in res.stderr.lower(), _explain(res)
