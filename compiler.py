@@ -139,6 +139,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason
+        report.add_rule_stats(result.stats)
         if opts.debug >= 3:
             print(f"[rewritec] final graph {name}:\n{dump_graph(graph)}")
     rec.nodes_out = len(graph.terms())

@@ -3,7 +3,8 @@
 Given as `rewritec.compile(model, **options)`, `torch.compile(model,
 backend="rewritec", options={...})`, or CLI flags. Environment variables
 fill in what the call leaves out: REWRITEC_RULES (extra rule paths, separated
-by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET.
+by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET,
+REWRITEC_STATS=1 (print per-rule statistics when the process exits).
 """
 
 from __future__ import annotations
@@ -16,6 +17,19 @@ from typing import Any
 from .engine.errors import RewritecError
 
 TARGETS = ("auto", "aten", "triton", "openmp")
+
+
+def _print_stats_at_exit() -> None:
+    from . import report
+
+    if report.RULE_STATS:
+        print("[rewritec] rule statistics\n" + report.stats_table())
+
+
+if os.environ.get("REWRITEC_STATS", "") not in ("", "0"):
+    import atexit
+
+    atexit.register(_print_stats_at_exit)
 
 
 @dataclass(frozen=True)

@@ -179,10 +179,30 @@ def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d.max()) if d.numel() else 0.0
 
 
-def rule_report(rule: Rule) -> tuple[list[str], list[str]]:
-    """(problems, notes) for one rule: examples, no_match, proof, fp-exactness."""
+def loop_check(rule: Rule, library: list[Rule]) -> str | None:
+    """Rewrite the rule's examples with the whole library: a cycle between
+    rules (a -> b, b -> a) or a term that keeps growing shows up here."""
+    for i, ex in enumerate(rule.examples):
+        try:
+            graph, store, bridge, _ = build_example(rule, ex, seed=i)
+            run_pipeline(graph, store, library, folder=make_folder(store, bridge),
+                         is_frozen=is_frozen)
+        except RewriteStop as e:
+            return str(e)
+        except Exception:  # noqa: BLE001 - the example itself is reported elsewhere
+            return None
+    return None
+
+
+def rule_report(rule: Rule, library: list[Rule] | None = None) -> tuple[list[str], list[str]]:
+    """(problems, notes) for one rule: examples, no_match, proof, fp-exactness,
+    and (given the library it ships with) termination."""
     problems: list[str] = []
     notes: list[str] = []
+    if library:
+        loop = loop_check(rule, library)
+        if loop:
+            problems.append(loop)
     for i, ex in enumerate(rule.examples):
         try:
             r = run_example(rule, ex, i)
@@ -222,7 +242,7 @@ def check_rules(opts: Options, out: TextIO) -> int:
     rules = ruleset_for(Options.make(rules=opts.rules, fast_math=True))
     failed = 0
     for rule in rules:
-        problems, notes = rule_report(rule)
+        problems, notes = rule_report(rule, rules)
         status = "FAIL" if problems else "ok"
         out.write(f"{status:<4} {rule.name:<28} {', '.join(notes):<18} {rule.location}\n")
         for p in problems:

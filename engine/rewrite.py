@@ -67,8 +67,9 @@ Log = Callable[[str], None]
 
 
 class _Cycle(Exception):
-    def __init__(self, term: Term) -> None:
+    def __init__(self, term: Term, chain: list[str]) -> None:
         self.term = term
+        self.chain = chain  # the rules that led from `term` back to itself
 
 
 def index_rules(rules: list[Rule]) -> dict[str, list[Rule]]:
@@ -137,9 +138,7 @@ class Rewriter:
             for t in graph.terms():
                 self._normalize(t)
         except _Cycle as c:
-            chain = [name for term, name in self.active]
-            start = next(i for i, (term, _) in enumerate(self.active) if term is c.term)
-            loop = chain[start:] + [chain[start]]
+            loop = c.chain + [c.chain[0]]
             raise RewriteStop(f"rules loop: {' -> '.join(loop)} (rewriting "
                               f"`{render(c.term, 3)}` leads back to itself)") from None
         inputs = tuple(self.normal.get(t, t) for t in graph.inputs)
@@ -163,8 +162,9 @@ class Rewriter:
         return result
 
     def _rewrite_root(self, t: Term) -> Term:
-        if any(term is t for term, _ in self.active):
-            raise _Cycle(t)
+        for i, (term, _) in enumerate(self.active):
+            if term is t:
+                raise _Cycle(t, [name for _, name in self.active[i:]])
         for rule in self.index.get(t.op, ()):
             replacement = self._try(rule, t)
             if replacement is None or replacement is t:
@@ -178,7 +178,7 @@ class Rewriter:
             if self.steps > self.total_budget:
                 raise RewriteStop(f"step budget ({self.steps} rewrites) exhausted; most "
                                   f"fired: {self._top()} (a rule that keeps growing a term?)")
-            self.active.append((t, rule.name))
+            self.active.append((t, f"{rule.name} ({rule.location})"))
             try:
                 return self._normalize(replacement)
             finally:
