@@ -18,11 +18,24 @@ from ..options import Options
 from .decompositions import decomposition_table
 
 
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _is_buffer(node: torch.fx.Node) -> bool:
+    """A module buffer lifted to a graph input (running_mean, ...): Dynamo's
+    source for it reads `..._buffers['name']`."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    return source is not None and "._buffers[" in source.name
+
+
 def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
                      options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
     opts = Options.make(options)
-    # Parameters arrive as graph inputs; remember which, for folding in eval mode.
-    params = [isinstance(x, torch.nn.Parameter) for x in example_inputs]
+    # Parameters and buffers arrive as graph inputs; remember which, for folding
+    # in inference graphs (frontend/fold.py guards that against later updates).
+    params = [isinstance(x, torch.nn.Parameter) or _is_buffer(n)
+              for x, n in zip(example_inputs, _placeholders(gm), strict=False)]
     values = list(example_inputs)
 
     def forward(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
