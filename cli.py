@@ -94,6 +94,8 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
             return real_compile(model, backend=backend, **kw)
         kw.pop("mode", None)
         kw.pop("options", None)
+        if kw.pop("disable", False):  # torch.compile(disable=True) compiles nothing
+            return (lambda m: m) if model is None else model
         if model is None:  # used as @torch.compile(...)
             return lambda m: compile_model(m, **kw, **options)
         return compile_model(model, **kw, **options)

@@ -225,7 +225,7 @@ def rule_report(rule: Rule, library: list[Rule] | None = None) -> tuple[list[str
     proof = prove(rule, default_op_table())
     notes.append(proof.status + (" (guard must ensure x > 0)" if proof.status ==
                                  "proved-positive" else ""))
-    if rule.fp_exact and rule.replace is not None and rule.examples:
+    if rule.fp_exact and rule.replace is not None and rule.examples and not problems:
         try:
             r = run_example(rule, rule.examples[0], 0, special=True)
             if r.fired and not r.ok:
@@ -234,6 +234,29 @@ def rule_report(rule: Rule, library: list[Rule] | None = None) -> tuple[list[str
         except Exception:  # noqa: BLE001 - the plain examples already report this
             pass
     return problems, notes
+
+
+def verify_user_rules(rules: list[Rule]) -> None:
+    """Run each user rule's examples before it is used to compile anything: a rule
+    whose replacement changes results is rejected, with its file:line."""
+    from .engine.errors import RuleErrors
+
+    errors: list[RuleError] = []
+    for rule in rules:
+        for i, ex in enumerate(rule.examples):
+            try:
+                r = run_example(rule, ex, i)
+                problem = None if r.ok else r.message
+            except RuleError as e:
+                problem = e.message
+            except Exception as e:  # noqa: BLE001
+                problem = f"cannot run: {type(e).__name__}: {e}"
+            if problem:
+                errors.append(RuleError(f"example {i} fails its check, rule not used: {problem}",
+                                        rule.where))
+                break
+    if errors:
+        raise RuleErrors(errors)
 
 
 def check_rules(opts: Options, out: TextIO) -> int:

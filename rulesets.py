@@ -45,8 +45,14 @@ def builtin_rules() -> tuple[Rule, ...]:
 
 @cache
 def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...]) -> tuple[Rule, ...]:
-    rules = list(builtin_rules()) + _load([Path(p) for p in user_paths], builtin=False)
-    rules = check_unique(rules)
+    user = _load([Path(p) for p in user_paths], builtin=False)
+    if user:
+        # Built-in rules are checked by the test suite; user rules are checked here,
+        # once per process, so an unsound rule never reaches a compiled graph.
+        from .rulecheck import verify_user_rules
+
+        verify_user_rules(user)
+    rules = check_unique(list(builtin_rules()) + user)
     return tuple(r for r in rules if r.name not in disabled)
 
 

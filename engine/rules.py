@@ -119,10 +119,17 @@ class RuleLoader:
         for i, entry in enumerate(items):
             line = lines.get(("rules", i), 0)
             try:
-                rules.append(self._rule(entry, path_s, line, lines, ("rules", i), default_kind,
-                                        builtin))
+                rule = self._rule(entry, path_s, line, lines, ("rules", i), default_kind, builtin)
             except RuleError as e:
                 errors.append(e)
+                continue
+            first = next((r for r in rules if r.name == rule.name), None)
+            if first is not None:
+                # `overrides: true` replaces another file's rule, never one in the same file.
+                errors.append(RuleError(f"duplicate rule name (first defined at "
+                                        f"{first.location})", rule.where))
+                continue
+            rules.append(rule)
         if errors:
             raise RuleErrors(errors)
         return rules
@@ -139,7 +146,9 @@ class RuleLoader:
         where = Where(file, line, rule=name)
 
         def at(key: str) -> Where:
-            return Where(file, lines.get(path + (key,), line), 1, name)
+            """Where the value of `key` starts (line:col), for errors about it."""
+            ln, col = lines.get(("@",) + path + (key,), (lines.get(path + (key,), line), 1))
+            return Where(file, ln, col, name)
 
         unknown = set(entry) - RULE_KEYS
         if unknown:
@@ -150,12 +159,12 @@ class RuleLoader:
         kind = entry.get("kind", default_kind)
         if kind not in KINDS:
             raise RuleError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}", at("kind"))
-        compiler = Compiler(self.table, at("pattern"))
         src = entry.get("pattern")
         if not isinstance(src, str):
             raise RuleError("missing `pattern:` (an expression string)", where)
-        ast = S.parse_expr(src, _value_where(lines, path + ("pattern",), at("pattern")))
-        pattern = compiler.pattern(ast)
+        pwhere = _value_where(lines, path + ("pattern",), at("pattern"))
+        ast = S.parse_expr(src, pwhere)
+        pattern = Compiler(self.table, pwhere).pattern(ast)
         if not isinstance(pattern, POp):
             raise RuleError("a pattern must apply an op at its root, not a bare variable "
                             "or constant", at("pattern"))
@@ -175,8 +184,8 @@ class RuleLoader:
         if not isinstance(guards_src, list):
             raise RuleError("`where:` is a guard expression or a list of them", at("where"))
         guards = []
-        for g in guards_src:
-            gwhere = at("where")
+        for gi, g in enumerate(guards_src):
+            gwhere = _value_where(lines, path + ("where", gi), at("where"))
             g_ast = S.parse_expr(str(g), gwhere)
             self._check_guard(g_ast, bound, Compiler(self.table, gwhere))
             guards.append((g_ast, str(g)))
@@ -193,8 +202,8 @@ class RuleLoader:
         if not isinstance(priority, int):
             raise RuleError("priority must be an integer", at("priority"))
         template = entry.get("template")
-        if kind == "fuse" and not isinstance(template, str):
-            raise RuleError("a fuse rule names its `template:`", where)
+        if kind == "fuse" or template is not None:
+            _check_template(template, at("template"))
         return Rule(
             name=name, doc=doc.strip(), kind=kind, pattern=pattern, pattern_src=src,
             replace=replace_ast, replace_src=replace_src, guards=tuple(guards), where=where,
@@ -279,6 +288,19 @@ class RuleLoader:
                     visit(x)
 
         visit(node)
+
+
+def _check_template(template: Any, where: Where) -> None:
+    """A fuse rule's template must be a plain file under templates/."""
+    templates = Path(__file__).resolve().parent.parent / "templates"
+    if not isinstance(template, str) or not template:
+        raise RuleError("a fuse rule names its `template:` (a file under templates/)", where)
+    if not re.fullmatch(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.[a-z0-9.]+", template) \
+            or ".." in template:
+        raise RuleError(f"template {template!r} must be a relative path inside templates/ "
+                        "(letters, digits, '_' and '/')", where)
+    if not (templates / template).is_file():
+        raise RuleError(f"no template {template!r} under templates/", where)
 
 
 def _value_where(lines: dict[tuple[Any, ...], Any], path: tuple[Any, ...], key: Where) -> Where:

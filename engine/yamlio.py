@@ -64,5 +64,11 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], line
                                              value_node.start_mark.column + 1 + int(quoted))
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_build(loader, item, path + (i,), lines, file) for i, item in enumerate(node.value)]
+        items = []
+        for i, item in enumerate(node.value):
+            quoted = isinstance(item, yaml.ScalarNode) and item.style in ("'", '"')
+            lines[("@",) + path + (i,)] = (item.start_mark.line + 1,  # type: ignore
+                                           item.start_mark.column + 1 + int(quoted))
+            items.append(_build(loader, item, path + (i,), lines, file))
+        return items
     return loader.construct_object(node, deep=True)

@@ -14,13 +14,12 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import rewritec
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-import rewritec
 from rewritec import report
 from rewritec.compiler import RewritecWarning
+from torch import nn
 
 # Compiled and eager run the same dtype; rewriting and fused kernels may
 # reassociate sums, so float32 gets a little room, float64 almost none.
@@ -109,6 +108,19 @@ class GPT2Block(nn.Module):
         return x + self.c_proj(h)
 
 
+class ParamArith(nn.Module):
+    """Computes on its parameters alone (w * 0.5, exp(b)): what parameter
+    freezing folds into new constants in an inference graph."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, d))
+        self.b = nn.Parameter(torch.randn(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.w * 0.5).t() + torch.exp(self.b)
+
+
 # --------------------------------------------------------------------------- compiling
 def compile_strict(model: Any, **kw: Any) -> Any:
     return rewritec.compile(model, strict=True, **kw)
@@ -184,24 +196,28 @@ def assert_same_state(compiled: nn.Module, eager: nn.Module, **tols: float) -> N
     """Parameter gradients and buffers (e.g. BatchNorm running stats) agree."""
     cp, ep = dict(compiled.named_parameters()), dict(eager.named_parameters())
     assert cp.keys() == ep.keys()
-    for name in cp:
-        gc, ge = cp[name].grad, ep[name].grad
+    for name, pc in cp.items():
+        gc, ge = pc.grad, ep[name].grad
         assert (gc is None) == (ge is None), f"grad of {name}: {gc is None=} {ge is None=}"
         if ge is not None:
             torch.testing.assert_close(gc, ge, **tols, msg=lambda m, n=name: f"grad {n}: {m}")
     cb, eb = dict(compiled.named_buffers()), dict(eager.named_buffers())
     assert cb.keys() == eb.keys()
-    for name in cb:
-        torch.testing.assert_close(cb[name], eb[name], **tols,
+    for name, bc in cb.items():
+        torch.testing.assert_close(bc, eb[name], **tols,
                                    msg=lambda m, n=name: f"buffer {n}: {m}")
 
 
 def perturb_parameters(*models: nn.Module, seed: int) -> None:
-    """Apply the same in-place update to every model's parameters (an optimizer step)."""
+    """Apply the same in-place update to every model's parameters (an optimizer
+    step) and floating-point buffers (as if someone reloaded BatchNorm stats)."""
     gen = torch.Generator().manual_seed(seed)
     names = [n for n, _ in models[0].named_parameters()]
     deltas = {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.05
               for n, p in models[0].named_parameters()}
+    # Buffers only grow, so running variances stay positive.
+    bumps = {n: torch.rand(b.shape, generator=gen, dtype=torch.float64) * 0.05
+             for n, b in models[0].named_buffers() if b.is_floating_point()}
     with torch.no_grad():
         for m in models:
             params = dict(m.named_parameters())
@@ -209,6 +225,9 @@ def perturb_parameters(*models: nn.Module, seed: int) -> None:
             for n, p in params.items():
                 p.add_(deltas[n].to(p.dtype))
                 p.grad = None
+            buffers = dict(m.named_buffers())
+            for n, bump in bumps.items():
+                buffers[n].add_(bump.to(buffers[n].dtype))
 
 
 def check_module(model: nn.Module, inputs: Sequence[Any], compile_fn: Callable[..., Any], *,

@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 import rewritec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +26,8 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 
 
 def _explain(res: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n--- stderr\n{res.stderr[-4000:]}"
+    return (f"exit {res.returncode}\n--- stdout\n{res.stdout[-4000:]}"
+            f"\n--- stderr\n{res.stderr[-4000:]}")
 
 
 def _check_report(out: Path) -> list[dict]:
@@ -147,3 +147,37 @@ def test_help_and_version(tmp_path: Path, console_script: Path) -> None:
     assert "--out" in res.stdout and "--strict" in res.stdout
     res = _run([*PY_MODULE], cwd=tmp_path, timeout=60)  # no command: a usage error
     assert res.returncode != 0 and "usage" in res.stderr.lower(), _explain(res)
+
+
+# In-process (no torch import to pay for): how `rewritec compile` reroutes the
+# script's own torch.compile calls and their keyword arguments.
+ROUTED_SCRIPT = """
+import torch
+f = torch.compile(lambda x: torch.sin(x) * 2 + 1{kwargs})
+x = torch.randn(4, 3)
+result = f(x)
+expected = torch.sin(x) * 2 + 1
+"""
+
+
+@pytest.mark.parametrize("kwargs", [
+    pytest.param("", id="plain"),
+    pytest.param(", fullgraph=True", id="fullgraph"),
+    pytest.param(", dynamic=True", id="dynamic"),
+    pytest.param(", mode='max-autotune'", id="mode"),
+    pytest.param(", disable=False", id="disable"),
+])
+def test_run_script_routes_torch_compile(tmp_path: Path, kwargs: str) -> None:
+    import torch
+    from rewritec import report
+    from rewritec.cli import run_script
+
+    script = tmp_path / "routed_script.py"
+    script.write_text(ROUTED_SCRIPT.format(kwargs=kwargs))
+    real_compile = torch.compile
+    scope, code = run_script(str(script), {"strict": True})
+    assert torch.compile is real_compile  # restored afterwards
+    assert code == 0 and scope is not None
+    torch.testing.assert_close(scope["result"], scope["expected"])
+    assert report.RECORDS, "the script's torch.compile did not reach rewritec"
+    assert all(r.status == "compiled" for r in report.RECORDS)

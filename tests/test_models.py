@@ -18,6 +18,7 @@ from models import (
     COMPILERS,
     MLP,
     GPT2Block,
+    ParamArith,
     SmallCNN,
     assert_same_state,
     backward,
@@ -46,6 +47,13 @@ def test_mlp_inference_no_grad() -> None:
     # Inference graphs may fold parameters; the parameter update between the
     # two calls must still be seen.
     check_module(MLP().eval(), [_randn(5, 16)], compile_strict, no_grad=True)
+
+
+def test_folded_parameters_follow_updates() -> None:
+    # Folding w * 0.5 and exp(b) at compile time is only sound while w and b
+    # stay unchanged; each step updates them in place, and the results must follow.
+    check_module(ParamArith().eval(), [_randn(3, 8)], compile_strict, no_grad=True, steps=3)
+    check_module(ParamArith().train(), [_randn(3, 8)], compile_strict, steps=2)
 
 
 def test_mlp_float64() -> None:
