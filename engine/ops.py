@@ -50,11 +50,6 @@ class OpInfo:
                 out.append((name, tuple(range(len(self.args)))))
         return out
 
-    def default_attrs(self) -> tuple[tuple[str, Any], ...]:
-        from .term import freeze
-
-        return tuple((k, freeze(v)) for k, v in self.attrs.items())
-
 
 class OpTable:
     def __init__(self, ops: dict[str, OpInfo]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from . import syntax as S
 from .errors import RuleError, Where
 from .guards import DTYPE_NAMES
-from .ops import OpTable
+from .ops import OpInfo, OpTable
 from .term import Term, TermStore, freeze
 
 Env = dict[str, Any]
@@ -116,21 +116,26 @@ class Compiler:
         if name == "getitem":
             return POp("getitem", (self.pattern(args[0]),),
                        (("index", self.attr_pattern(kwargs[0][1])),), (), **pos)
+        info = self.check_call(name, args, kwargs, node)
+        attrs = [(key, self.attr_pattern(value)) for key, value in kwargs]
+        named = {k for k, _ in attrs}
+        defaults = tuple((k, freeze(v)) for k, v in info.attrs.items() if k not in named)
+        return POp(name, tuple(self.pattern(a) for a in args), tuple(attrs), defaults, **pos)
+
+    def check_call(self, name: str, args: list[S.Node], kwargs: list[tuple[str, S.Node]],
+                   node: S.Node) -> OpInfo:
+        """The op exists, gets as many operands as it takes, and only its attributes."""
         info = self.table.get(name)
         if info is None:
             raise self.error(f"unknown op {name!r} (not in rules/ops.yaml)", node)
         if len(args) != len(info.args):
             raise self.error(f"{name} takes {len(info.args)} operand(s) "
                              f"({', '.join(info.args)}), got {len(args)}", node)
-        attrs = []
         for key, value in kwargs:
             if key not in info.attrs:
                 known = ", ".join(info.attrs) or "none"
                 raise self.error(f"{name} has no attribute {key!r} (known: {known})", value)
-            attrs.append((key, self.attr_pattern(value)))
-        named = {k for k, _ in attrs}
-        defaults = tuple((k, freeze(v)) for k, v in info.attrs.items() if k not in named)
-        return POp(name, tuple(self.pattern(a) for a in args), tuple(attrs), defaults, **pos)
+        return info
 
     def attr_pattern(self, node: S.Node) -> Pattern:
         if isinstance(node, S.Var):

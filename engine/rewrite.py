@@ -74,7 +74,7 @@ class _Cycle(Exception):
 
 def index_rules(rules: list[Rule]) -> dict[str, list[Rule]]:
     by_root: dict[str, list[Rule]] = {}
-    for order, r in enumerate(rules):
+    for r in rules:
         by_root.setdefault(r.root, []).append(r)
     for lst in by_root.values():
         lst.sort(key=lambda r: -r.priority)  # stable: file order among equals

@@ -237,57 +237,27 @@ class RuleLoader:
         except RuleError as e:
             raise compiler.error(e.message, node) from None
         if name != "getitem":
-            info = self.table.get(name)
-            if info is None:
-                raise compiler.error(f"unknown op {name!r} (not in rules/ops.yaml)", node)
-            if len(args) != len(info.args):
-                raise compiler.error(f"{name} takes {len(info.args)} operand(s) "
-                                     f"({', '.join(info.args)}), got {len(args)}", node)
-            for key, value in kwargs:
-                if key not in info.attrs:
-                    known = ", ".join(info.attrs) or "none"
-                    raise compiler.error(f"{name} has no attribute {key!r} (known: {known})",
-                                         value)
+            compiler.check_call(name, args, kwargs, node)
+            for _, value in kwargs:
                 self._check_attr_expr(value, compiler)
         for a in args:
             self._check_ops(a, compiler, replace)
 
     def _check_attr_expr(self, node: S.Node, compiler: Compiler) -> None:
-        if isinstance(node, S.Call):
-            if node.func not in ATTR_FUNCS:
-                raise compiler.error(f"unknown attribute function {node.func!r} (known: "
-                                     f"{', '.join(sorted(ATTR_FUNCS))})", node)
-            for a in node.args:
-                self._check_attr_expr(a, compiler)
-        elif isinstance(node, S.Seq):
-            for x in node.items:
-                self._check_attr_expr(x, compiler)
-        elif isinstance(node, S.BinOp):
-            self._check_attr_expr(node.left, compiler)
-            self._check_attr_expr(node.right, compiler)
-        elif isinstance(node, S.Neg):
-            self._check_attr_expr(node.operand, compiler)
+        for n in S.walk(node):
+            if isinstance(n, S.Call) and n.func not in ATTR_FUNCS:
+                raise compiler.error(f"unknown attribute function {n.func!r} (known: "
+                                     f"{', '.join(sorted(ATTR_FUNCS))})", n)
 
     def _check_guard(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
         for v in S.variables(node):
             if v.name not in bound and v.name not in DTYPE_NAMES:
                 raise compiler.error(f"unbound variable `{v.name}` in guard", v)
 
-        def visit(n: Any) -> None:
-            if isinstance(n, S.Call):
-                if n.func not in GUARD_FUNCTIONS:
-                    raise compiler.error(f"unknown guard function {n.func!r} (known: "
-                                         f"{', '.join(sorted(GUARD_FUNCTIONS))})", n)
-                for a in n.args:
-                    visit(a)
-            elif isinstance(n, S.Node):
-                for f in n.__dataclass_fields__:
-                    visit(getattr(n, f))
-            elif isinstance(n, tuple):
-                for x in n:
-                    visit(x)
-
-        visit(node)
+        for n in S.walk(node):
+            if isinstance(n, S.Call) and n.func not in GUARD_FUNCTIONS:
+                raise compiler.error(f"unknown guard function {n.func!r} (known: "
+                                     f"{', '.join(sorted(GUARD_FUNCTIONS))})", n)
 
 
 def _check_template(template: Any, where: Where) -> None:

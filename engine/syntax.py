@@ -7,6 +7,7 @@ building terms) and `guards.py` (guards).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -179,13 +180,15 @@ def _parser() -> lark.Lark:
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 
-# Friendly messages for the parse errors people make most; each is also a test.
-_HINTS: list[tuple[str, str]] = [
+# The parse errors people make most, with the hint each one gets; a test
+# (tests/test_syntax.py) checks every entry, so hints and table stay in step.
+EXAMPLE_ERRORS: list[tuple[str, str]] = [
     ("x +", "expression ends too early"),
-    ("relu(x", "missing closing parenthesis"),
-    ("relu(x))", "unbalanced parenthesis"),
+    ("relu(x", "expression ends too early"),
+    ("relu(x))", "unexpected ')' (unbalanced parenthesis?)"),
     ("x = y", "use == to compare; = is only for keyword arguments"),
-    ("x ** ** 2", "an operator is missing its operand"),
+    ("x $ 2", "unexpected character '$'"),
+    ("f(a=1, b)", "positional argument after keyword argument"),
 ]
 
 
@@ -235,22 +238,21 @@ def _shift(where: Where, line: int, col: int) -> Where:
     return Where(where.file, where.line + line - 1, col, where.rule)
 
 
+def walk(node: Node) -> Iterator[Node]:
+    """Every node of an expression, the node itself first, in reading order."""
+    stack: list[Any] = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Node):
+            yield n
+            stack.extend(reversed([getattr(n, f) for f in n.__dataclass_fields__]))
+        elif isinstance(n, tuple):
+            stack.extend(reversed(n))
+
+
 def variables(node: Node) -> list[Var]:
     """Every variable in an expression, in reading order."""
-    out: list[Var] = []
-
-    def visit(n: Any) -> None:
-        if isinstance(n, Var):
-            out.append(n)
-        elif isinstance(n, Node):
-            for f in n.__dataclass_fields__:
-                visit(getattr(n, f))
-        elif isinstance(n, tuple):
-            for x in n:
-                visit(x)
-
-    visit(node)
-    return out
+    return [n for n in walk(node) if isinstance(n, Var)]
 
 
 def show(node: Node) -> str:

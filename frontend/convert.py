@@ -14,7 +14,7 @@ Metadata comes from the fake values that AOTAutograd leaves in `node.meta`.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,8 +33,6 @@ class Converted:
     graph: Graph
     store: TermStore
     bridge: Bridge
-    # Which inputs are parameters or buffers (by input position).
-    input_kinds: list[str] = field(default_factory=list)
 
 
 def _input_kind(value: Any, is_param: bool | None) -> str:
@@ -56,13 +54,11 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
     env: dict[torch.fx.Node, Term] = {}
     inputs: list[Term] = []
     outputs: tuple[Term | None, ...] = ()
-    kinds: list[str] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             value = node.meta.get("val")
             i = len(inputs)
             kind = _input_kind(value, params[i] if params and i < len(params) else None)
-            kinds.append(kind)
             term = store.make("input", (), (("name", node.name), ("index", i), ("kind", kind)),
                               meta=meta_of(value))
             inputs.append(term)
@@ -85,7 +81,7 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
             env[node] = tensor_term(store, bridge, value, str(node.target))
         else:
             raise Unsupported(f"FX node kind {node.op!r}")
-    return Converted(Graph(tuple(inputs), outputs), store, bridge, kinds)
+    return Converted(Graph(tuple(inputs), outputs), store, bridge)
 
 
 def _output(o: Any, env: dict[torch.fx.Node, Term]) -> Term | None:
