@@ -89,21 +89,25 @@ class Term:
 
     def walk(self) -> Iterator[Term]:
         """Every term reachable from this one, each once, arguments first."""
-        seen: set[int] = set()
-        stack: list[tuple[Term, bool]] = [(self, False)]
-        while stack:
-            t, expanded = stack.pop()
-            if expanded:
-                yield t
-                continue
-            if t.uid in seen:
-                continue
-            seen.add(t.uid)
-            stack.append((t, True))
-            stack.extend((a, False) for a in reversed(t.args))
+        return postorder([self], set())
 
     def __repr__(self) -> str:
         return render(self)
+
+
+def postorder(roots: list[Term], seen: set[int]) -> Iterator[Term]:
+    """Terms reachable from `roots` and not in `seen` (updated), arguments first."""
+    stack: list[tuple[Term, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            yield t
+            continue
+        if t.uid in seen:
+            continue
+        seen.add(t.uid)
+        stack.append((t, True))
+        stack.extend((a, False) for a in reversed(t.args) if a.uid not in seen)
 
 
 MetaHook = Callable[[str, tuple[Term, ...], tuple[tuple[str, Any], ...]], Meta]
@@ -188,20 +192,15 @@ class Graph:
     outputs: tuple[Term | None, ...]
 
     def terms(self) -> list[Term]:
-        """All terms reachable from the outputs, in a topological order."""
+        """All terms reachable from the outputs, in a topological order (one
+        traversal: subgraphs shared by many outputs are visited once)."""
         seen: set[int] = set()
         order: list[Term] = []
         for t in self.inputs:
             if t.uid not in seen:
                 seen.add(t.uid)
                 order.append(t)
-        for out in self.outputs:
-            if out is None:
-                continue
-            for t in out.walk():
-                if t.uid not in seen:
-                    seen.add(t.uid)
-                    order.append(t)
+        order.extend(postorder([o for o in self.outputs if o is not None], seen))
         return order
 
     def users(self) -> dict[Term, int]:
