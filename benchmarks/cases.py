@@ -9,10 +9,9 @@ Sizes depend on the device: full size on CUDA (with or without `--quick`), modes
 on CPU, small ones for `--quick` on CPU. fp16 cases run in fp16 only on CUDA; on CPU they run a
 float32 variant of the same model, and their label says so.
 
-The "engine" case times the rule engine alone. It needs `rewritec.benchmarks_hooks()`,
-which must return a mapping with an "engine" entry: a callable taking the target graph
-size (number of terms) and returning a zero-argument callable that runs the rule engine
-once on a prebuilt graph of about that size. Until that hook exists the case is skipped.
+The "engine" case times the rule engine alone (conversion + every phase) on the
+captured forward and backward graphs of GPT-2-small blocks; `python -m benchmarks.engine`
+reports terms per second against graph size.
 """
 
 from __future__ import annotations
@@ -335,20 +334,12 @@ def _build_mlp_train(cfg: Config) -> Instance:
 
 
 def _build_engine(cfg: Config) -> Instance:
-    # Lazy imports: the harness must load even while rewritec is broken or partial.
-    import rewritec
-    import rewritec.engine  # the engine alone, no frontend
+    # Lazy import: the harness must load even while rewritec is broken or partial.
+    from .engine import engine_step
 
-    hooks_fn = getattr(rewritec, "benchmarks_hooks", None)
-    if hooks_fn is None:
-        raise Skip("rewritec.benchmarks_hooks() does not exist yet; engine case not wired")
-    hooks = hooks_fn()
-    make = hooks.get("engine") if isinstance(hooks, dict) else getattr(hooks, "engine", None)
-    if make is None:
-        raise Skip("rewritec.benchmarks_hooks() has no 'engine' entry")
-    size = 2_000 if cfg.quick else 20_000
-    step = make(size)
-    return Instance(fn=step, inputs=(), shape=f"~{size} terms", engine=True)
+    blocks = 2 if cfg.quick else 12
+    return Instance(fn=engine_step(blocks), inputs=(), engine=True,
+                    shape=f"fw+bw ATen graphs of {blocks} GPT-2-small blocks")
 
 
 # --------------------------------------------------------------------------- registry

@@ -1,0 +1,147 @@
+"""The rule engine alone: how fast it rewrites ATen graphs the size of GPT-2.
+
+    python -m benchmarks.engine [--quick] [--blocks 1,2,4,8,12]
+
+Captures the forward and backward ATen graphs of a stack of N GPT-2-small
+blocks (d=768, 12 heads) once per N, then times, separately:
+- convert: FX graph -> term graph (metadata from the captured fake values);
+- rewrite: every phase of the whole rule library (fast_math on, so every rule runs).
+It prints terms, rewrites, milliseconds and terms per second for each N, so
+the growth with graph size can be read off, and writes the table to
+`benchmarks/results/engine.md`. Timing only; there are no assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 768, heads: int = 12) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+@dataclass
+class Captured:
+    gm: torch.fx.GraphModule
+    inputs: list[Any]
+    kind: str
+
+
+def capture(blocks: int, tokens: int = 16) -> list[Captured]:
+    """The forward and backward ATen graphs rewritec would be handed."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from rewritec.frontend.decompositions import decomposition_table
+
+    graphs: list[Captured] = []
+
+    def keep(kind: str) -> Any:
+        def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+            graphs.append(Captured(gm, list(inputs), kind))
+            return gm.forward
+        return compiler
+
+    torch._dynamo.reset()
+    model = nn.Sequential(*[Block() for _ in range(blocks)])
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                           decompositions=decomposition_table())
+    x = torch.randn(1, tokens, 768, requires_grad=True)
+    torch.compile(model, backend=backend)(x).sum().backward()
+    return graphs
+
+
+def rewrite_once(c: Captured) -> tuple[int, int, float, float]:
+    """(terms before, rewrites, convert seconds, rewrite seconds) for one graph."""
+    from torch._guards import detect_fake_mode
+
+    from rewritec.engine.pipeline import run_pipeline
+    from rewritec.frontend.aten import Bridge
+    from rewritec.frontend.convert import fx_to_terms
+    from rewritec.frontend.fold import is_frozen, make_folder
+    from rewritec.options import Options
+    from rewritec.rulesets import ruleset_for
+
+    rules = ruleset_for(Options.make(fast_math=True))
+    start = time.perf_counter()
+    bridge = Bridge(detect_fake_mode(c.inputs))
+    conv = fx_to_terms(c.gm, bridge)
+    mid = time.perf_counter()
+    result = run_pipeline(conv.graph, conv.store, rules, folder=make_folder(conv.store, bridge),
+                          is_frozen=is_frozen)
+    end = time.perf_counter()
+    return len(conv.graph.terms()), sum(result.fired.values()), mid - start, end - mid
+
+
+def measure(blocks: int, repeats: int) -> dict[str, float]:
+    graphs = capture(blocks)
+    runs = [[rewrite_once(c) for c in graphs] for _ in range(repeats)]
+    terms = sum(t for t, _, _, _ in runs[0])
+    fired = sum(f for _, f, _, _ in runs[0])
+    convert = statistics.median(sum(r[2] for r in run) for run in runs)
+    rewrite = statistics.median(sum(r[3] for r in run) for run in runs)
+    return {"blocks": blocks, "graphs": len(graphs), "terms": terms, "rewrites": fired,
+            "convert_ms": 1000 * convert, "rewrite_ms": 1000 * rewrite,
+            "terms_per_s": terms / rewrite if rewrite else float("inf")}
+
+
+def table(rows: list[dict[str, float]]) -> str:
+    lines = ["| GPT-2 blocks | graphs | terms | rewrites | convert ms | rewrite ms | terms/s |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['blocks']} | {r['graphs']} | {r['terms']} | {r['rewrites']} | "
+                     f"{r['convert_ms']:.1f} | {r['rewrite_ms']:.1f} | {r['terms_per_s']:,.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 and 2 blocks, one repeat")
+    p.add_argument("--blocks", default="1,2,4,8,12")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine.md"))
+    args = p.parse_args(argv)
+    sizes = [1, 2] if args.quick else [int(b) for b in args.blocks.split(",")]
+    rows = [measure(n, 1 if args.quick else args.repeats) for n in sizes]
+    text = (f"# rewritec rule engine\n\n- torch {torch.__version__}; forward + backward ATen "
+            f"graphs of N GPT-2-small blocks; whole library with fast_math; median of "
+            f"{1 if args.quick else args.repeats}\n- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            f"\n\n{table(rows)}\n")
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0
+
+
+def engine_step(blocks: int) -> Any:
+    """A zero-argument callable that rewrites the graphs of `blocks` blocks once
+    (used by the harness's `engine` case)."""
+    graphs = capture(blocks)
+    return lambda: [rewrite_once(c) for c in graphs]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
