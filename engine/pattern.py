@@ -16,6 +16,7 @@ a time: no exponential expansion of the rule set up front.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from .ops import OpInfo, OpTable
 from .term import Term, TermStore, freeze
 
 Env = dict[str, Any]
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,12 @@ class Compiler:
             if key not in info.attrs:
                 known = ", ".join(info.attrs) or "none"
                 raise self.error(f"{name} has no attribute {key!r} (known: {known})", value)
+            if isinstance(value, S.Lit) and isinstance(value.value, str) \
+                    and not PLAIN_NAME.fullmatch(value.value):
+                # String attributes are enum-like names ('tanh', 'none'); nothing else
+                # should ever travel towards generated code.
+                raise self.error(f"{name} attribute {key!r} must be a plain name (letters, "
+                                 f"digits, '_'), got {value.value!r}", value)
         return info
 
     def attr_pattern(self, node: S.Node) -> Pattern:

@@ -227,7 +227,8 @@ def parse_expr(text: str, where: Where | None = None) -> Node:
         col = getattr(e, "column", 1) or 1
         if isinstance(e, lark.exceptions.UnexpectedToken) and e.token.type == "$END":
             line, col = 1, len(text) + 1
-        raise RuleError(f"syntax error: {_hint(text, e)} in `{text.strip()}`",
+        shown = text.strip().replace("\n", "\\n")  # one error, one line
+        raise RuleError(f"syntax error: {_hint(text, e)} in `{shown}`",
                         _shift(where, line, col)) from None
 
 

@@ -36,27 +36,56 @@ def load_yaml(path: Path | str, text: str | None = None) -> tuple[Any, Lines]:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
         problem = e.problem or e.context or "syntax error"
+        cm = e.context_mark
+        if e.problem and e.context and cm is not None and cm is not mark:
+            # Say where the unfinished construct began: that is where the fix goes.
+            problem += f" ({e.context} opened at line {cm.line + 1}, column {cm.column + 1})"
         raise RuleError(f"malformed YAML: {problem}", Where(path, line, col)) from None
     except yaml.YAMLError as e:
         raise RuleError(f"malformed YAML: {e}", Where(path)) from None
     return data, lines
 
 
+# The tags plain YAML data resolves to; any other (!!python/..., custom) is refused.
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in
+               ("str", "int", "float", "bool", "null", "map", "seq")}
+
+
+def _rule_name(node: yaml.MappingNode) -> str | None:
+    """The `name:` of a rule mapping, read before building it, for error messages."""
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == "name" \
+                and isinstance(value_node, yaml.ScalarNode):
+            return str(value_node.value)
+    return None
+
+
+def _where(file: str, node: yaml.Node, rule: str | None) -> Where:
+    return Where(file, node.start_mark.line + 1, node.start_mark.column + 1, rule)
+
+
 def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], lines: Lines,
-           file: str) -> Any:
+           file: str, rule: str | None = None) -> Any:
     lines[path] = node.start_mark.line + 1
+    if node.tag not in _PLAIN_TAGS:
+        tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+        raise RuleError(f"YAML tag {tag!r} is not allowed: rule files hold plain data only",
+                        _where(file, node, rule))
     if isinstance(node, yaml.MappingNode):
+        if len(path) == 2 and path[0] == "rules":
+            rule = _rule_name(node)
         out: dict[Any, Any] = {}
+        key_lines: dict[Any, int] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            key = _build(loader, key_node, path + ("<key>",), {}, file, rule)
             if not isinstance(key, str | int | float | bool):
                 raise RuleError("mapping keys must be plain scalars",
-                                Where(file, key_node.start_mark.line + 1))
+                                _where(file, key_node, rule))
             if key in out:
-                raise RuleError(f"duplicate key {key!r}",
-                                Where(file, key_node.start_mark.line + 1,
-                                      key_node.start_mark.column + 1))
-            out[key] = _build(loader, value_node, path + (key,), lines, file)
+                raise RuleError(f"duplicate key {key!r} (first at line {key_lines[key]})",
+                                _where(file, key_node, rule))
+            key_lines[key] = key_node.start_mark.line + 1
+            out[key] = _build(loader, value_node, path + (key,), lines, file, rule)
             lines[path + (key,)] = key_node.start_mark.line + 1
             # Where a scalar value's text starts (after its quote), for expression errors.
             quoted = isinstance(value_node, yaml.ScalarNode) and value_node.style in ("'", '"')
@@ -69,6 +98,6 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], line
             quoted = isinstance(item, yaml.ScalarNode) and item.style in ("'", '"')
             lines[("@",) + path + (i,)] = (item.start_mark.line + 1,  # type: ignore
                                            item.start_mark.column + 1 + int(quoted))
-            items.append(_build(loader, item, path + (i,), lines, file))
+            items.append(_build(loader, item, path + (i,), lines, file, rule))
         return items
     return loader.construct_object(node, deep=True)

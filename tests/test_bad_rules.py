@@ -46,43 +46,12 @@ CASES = sorted(p.stem for p in BAD_DIR.glob("*.yaml"))
 CHECKED = ("loop_", "unsound_")  # found by running examples, not by loading
 REGEN = os.environ.get("REGEN", "") not in ("", "0")
 
-# Cases whose .expected is the message rewritec should give but does not yet.
-# Each reason says what the engine should do.
-XFAIL = {
-    "yaml_unclosed_bracket":
-        "engine/yamlio.py drops PyYAML's context: the error points at the next rule (9:3) "
-        "without saying where the unclosed '[' was opened; append the context and its mark",
-    "yaml_duplicate_key":
-        "engine/yamlio.py reports duplicate keys without the rule they sit in; while building "
-        "a rules[i] mapping it should read that rule's `name:` first and tag errors with it "
-        "(and say where the first occurrence is)",
-    "yaml_python_tag":
-        "engine/yamlio.py._build ignores tags on sequences/mappings, so "
-        "`!!python/object/apply:os.system [...]` silently becomes a plain list and the "
-        "error is a misleading 'missing `pattern:`'; any non-standard tag must be refused "
-        "at its line:col with the rule name",
-    "yaml_python_name_tag":
-        "refused, but with PyYAML's 'could not determine a constructor' and no rule name; "
-        "say that python tags are not allowed, name the rule (see yaml_python_tag)",
-    "inject_attr_newline":
-        "syntax errors quote the expression verbatim, so a newline inside it splits the "
-        "error over two lines; quote it with newlines escaped (engine/syntax.py parse_expr)",
-    "inject_attr_quote":
-        "not detected: any string literal is accepted as an attribute value, so quotes and "
-        "code reach the rule set (the wrapper binds strings as objects, so nothing runs, "
-        "but the op fails at meta time and torch logs a traceback); string attribute "
-        "values should be plain names, checked at load time",
-}
+# Cases whose .expected is the message rewritec should give but does not yet,
+# each with what the engine should do (empty: every case passes today).
+XFAIL: dict[str, str] = {}
 
-# Cases that still reach code generation when compiled with.
-COMPILE_XFAIL = {
-    "yaml_duplicate_key":
-        "falls back correctly, but the warning carries the loader's message, which does "
-        "not name the rule (see XFAIL)",
-    "yaml_python_name_tag":
-        "falls back correctly, but the warning carries the loader's message, which does "
-        "not name the rule (see XFAIL)",
-}
+# Cases that still reach code generation when compiled with (empty today).
+COMPILE_XFAIL: dict[str, str] = {}
 
 
 def _norm(text: str) -> str:
