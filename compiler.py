@@ -113,6 +113,30 @@ def _freezable(opts: Options, kind: str, params: list[bool] | None,
     return frozen or None
 
 
+def choose_target(opts: Options, graph: Graph) -> str:
+    """Which kernel generator serves this graph: `aten` means none."""
+    if opts.target != "auto":
+        return opts.target
+    device = opts.device
+    if device is None:
+        devices = {t.meta.device.split(":")[0] for t in graph.terms() if t.meta.kind == "tensor"}
+        device = "cuda" if "cuda" in devices else "cpu"
+    if device == "cuda":
+        return "triton"
+    from .codegen.build import cxx
+
+    return "openmp" if cxx() else "aten"
+
+
+def compilable(target: str) -> Any:
+    """The fuse phase's question to the target: can a kernel compute this term?"""
+    if target == "aten":
+        return None
+    from .codegen.kernels import can_compile
+
+    return lambda t: can_compile(t, target)
+
+
 def _boxed(fn: Any) -> Any:
     def call(args: list[Any]) -> Any:
         return fn(*args)
@@ -134,8 +158,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         from .frontend.fold import is_frozen, make_folder
         from .rulesets import ruleset_for
 
+        target = choose_target(opts, graph)
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
-                              folder=make_folder(conv.store, bridge), is_frozen=is_frozen)
+                              folder=make_folder(conv.store, bridge), is_frozen=is_frozen,
+                              can_compile=compilable(target))
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason
@@ -147,7 +173,16 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     # a fresh tensor there, so the wrapper must too.
     aliased = {o for o in graph.outputs
                if o is not None and o.op == "input" and o not in outputs_were_inputs}
-    lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=aliased)
+    launchers: dict[Any, Any] = {}
+    if any(t.op == "kernel" for t in graph.terms()):
+        from .codegen.launch import prepare_kernels
+
+        prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
+                                   strict=opts.strict, out_dir=opts.out_dir, name=name)
+        graph, launchers = prepared.graph, prepared.launchers
+        rec.kernels.extend(prepared.records)
+    lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=aliased,
+                    launchers=launchers)
     rec.fallback_ops.update(lowered.fallback_ops)
     if opts.out_dir:
         out = Path(opts.out_dir)

@@ -141,13 +141,27 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {"rtol": 1e-4, "atol": 1e-5}
 
 
+def example_target() -> str:
+    """The kernel target fuse rules' examples are rendered for: REWRITEC_TARGET when
+    it names one (triton needs a GPU or TRITON_INTERPRET=1), else OpenMP C++."""
+    import os
+
+    forced = os.environ.get("REWRITEC_TARGET", "")
+    return forced if forced in ("openmp", "triton") else "openmp"
+
+
 def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
                 expect_fire: bool = True, special: bool = False) -> ExampleResult:
-    """Rewrite the example with `rule` alone; compare with the unrewritten graph."""
+    """Rewrite the example with `rule` alone; compare with the unrewritten graph.
+    A fuse rule's kernels are generated, built and run for `example_target()`."""
+    from .compiler import compilable
+
     graph, store, bridge, values = build_example(rule, example, seed=index, special=special)
+    target = example_target()
     try:
         result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
-                              is_frozen=is_frozen)
+                              is_frozen=is_frozen,
+                              can_compile=compilable(target) if rule.kind == "fuse" else None)
     except RewriteStop as e:
         return ExampleResult(rule.name, index, 0, float("inf"), False, str(e))
     fired = result.fired.get(rule.name, 0)
@@ -158,7 +172,14 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     if fired == 0:
         return ExampleResult(rule.name, index, 0, 0.0, False, "did not fire")
     want = lower(graph, bridge, f"{rule.name}_before").fn(list(values))[0]
-    got = lower(result.graph, bridge, f"{rule.name}_after").fn(list(values))[0]
+    after, launchers = result.graph, {}
+    if rule.kind == "fuse":
+        from .codegen.launch import prepare_kernels
+
+        prepared = prepare_kernels(after, store, target, strict=True, out_dir=None,
+                                   name=rule.name)
+        after, launchers = prepared.graph, prepared.launchers
+    got = lower(after, bridge, f"{rule.name}_after", launchers=launchers).fn(list(values))[0]
     err = _max_error(got, want)
     try:
         if special:

@@ -22,5 +22,5 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render_template(name: str, **context: Any) -> str:
-    return environment().get_template(name).render(**context)
+def render_template(template: str, /, **context: Any) -> str:
+    return environment().get_template(template).render(**context)

@@ -106,12 +106,12 @@ def op_label(term: Term) -> str:
 
 
 def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
-          kernel_lines: dict[Term, tuple[str, list[Term]]] | None = None,
+          launchers: dict[Term, Any] | None = None,
           clone_outputs: set[Term] | None = None) -> Lowered:
-    """Render the wrapper for `graph`. `kernel_lines` maps a term to the line
-    (and the operand terms it reads) that computes it with a generated kernel."""
+    """Render the wrapper for `graph`. `launchers` maps each `kernel` term to the
+    launcher of its generated kernel (codegen/launch.py)."""
     em = Emitter()
-    kernel_lines = kernel_lines or {}
+    launchers = launchers or {}
     order = [t for t in graph.terms() if t.op not in ("const", "tensor")]
     for t in graph.inputs:
         em.names[t] = f"a{t.attr('index')}"
@@ -119,7 +119,7 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
     reads: dict[Term, list[Term]] = {}
     for t in order:
         if t.op != "input":
-            reads[t] = kernel_lines[t][1] if t in kernel_lines else list(t.args)
+            reads[t] = list(t.args)
     last_use: dict[Term, int] = {}
     for i, t in enumerate(order):
         for a in reads.get(t, ()):
@@ -131,8 +131,10 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
         if t.op == "input":
             continue
         em.names[t] = f"v{i}"
-        if t in kernel_lines:
-            body.append(kernel_lines[t][0].format(out=em.names[t]))
+        if t in launchers:
+            kernel = em.bind(launchers[t], "_k")
+            args = ", ".join(em.value(a) for a in t.args)
+            body.append(f"{em.names[t]} = {kernel}({args})  # {launchers[t].spec.name}")
         else:
             body.append(aten_line(em, bridge, t, em.names[t]))
             if t.op != "getitem":
@@ -151,7 +153,7 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
             outs.append(em.value(o))
     source = render_template(
         "wrapper.py.j2", graph_name=name, rules=rules or [],
-        kernels=sorted({line.split("(")[0].split("= ")[-1] for line, _ in kernel_lines.values()}),
+        kernels=[launcher.spec.name for launcher in launchers.values()],
         inputs=[em.names[t] for t in graph.inputs], body=body, outputs=outs)
     namespace = dict(em.globals)
     exec(compile(source, f"<rewritec wrapper {name}>", "exec"), namespace)  # noqa: S102

@@ -48,6 +48,13 @@ class PAny(Pattern):
 
 
 @dataclass(frozen=True)
+class PCat(Pattern):
+    """`@pointwise`: any term whose op has this op-table category."""
+
+    category: str
+
+
+@dataclass(frozen=True)
 class PLit(Pattern):
     value: Any
 
@@ -104,6 +111,13 @@ class Compiler:
             return PAny(**pos) if node.name == "_" else PVar(node.name, **pos)
         if isinstance(node, S.Lit):
             return PLit(node.value, **pos)
+        if isinstance(node, S.Category):
+            from .ops import CATEGORIES
+
+            if node.name not in CATEGORIES:
+                raise self.error(f"unknown category @{node.name} (known: "
+                                 f"{', '.join('@' + c for c in CATEGORIES)})", node)
+            return PCat(node.name, **pos)
         if isinstance(node, S.Seq):
             raise self.error("a list is only allowed as an attribute value", node)
         try:
@@ -190,6 +204,13 @@ class Matcher:
                 yield env
             else:
                 self.fail(depth, f"`{p.name}` is bound to a different term", t)
+        elif isinstance(p, PCat):
+            info = self.table.get(t.op)
+            if info is not None and info.category == p.category:
+                yield env
+            else:
+                self.fail(depth, f"category mismatch: pattern wants @{p.category}, term is "
+                          f"{t.op}", t)
         elif isinstance(p, PLit):
             if t.op == "const" and _lit_equal(t.value, p.value):
                 yield env

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import RewriteStop
+from .fuse import fuse
 from .ops import OpTable, default_op_table
 from .rewrite import Explanation, Folder, Rewriter, RuleStats
 from .rules import Rule
@@ -50,7 +51,8 @@ class PipelineResult:
 
 def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  table: OpTable | None = None, folder: Folder | None = None,
-                 is_frozen: Callable[[Term], bool] | None = None, debug: int = 0,
+                 is_frozen: Callable[[Term], bool] | None = None,
+                 can_compile: Callable[[Term], bool] | None = None, debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
                  phases: tuple[Phase, ...] = PHASES) -> PipelineResult:
@@ -67,6 +69,20 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
             continue
         start = time.perf_counter()
         n_before = len(graph.terms())
+        if phase.name == "fuse":
+            # Fusion groups terms instead of rewriting them one at a time (engine/fuse.py);
+            # without a kernel target (can_compile) everything stays on ATen.
+            if can_compile is None:
+                continue
+            graph, groups = fuse(graph, store, table, phase_rules, can_compile=can_compile,
+                                 log=log if debug >= 2 else None)
+            fired.update(groups)
+            line = (f"phase fuse: {sum(groups.values())} kernel(s), {n_before} -> "
+                    f"{len(graph.terms())} terms, {1000 * (time.perf_counter() - start):.1f} ms")
+            phase_log.append(line)
+            if debug >= 1:
+                log(line)
+            continue
         rw = Rewriter(store, table, phase_rules, stats=stats, explain=explain,
                       folder=folder if phase.fold_constants else None, is_frozen=is_frozen,
                       log=log if debug >= 2 else None)

@@ -27,13 +27,15 @@ from . import syntax as S
 from .errors import RuleError, RuleErrors, Where
 from .guards import DTYPE_NAMES, GUARD_FUNCTIONS
 from .ops import OpTable, default_op_table
-from .pattern import Compiler, Pattern, POp
+from .ops import CATEGORIES
+from .pattern import Compiler, Pattern, PCat, POp
 from .yamlio import load_yaml
 
 KINDS = ("decompose", "simplify", "fold", "fuse")
+FUSE_GUARD_NAMES = ("root", "ops", "reductions")
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
-             "no_match", "fp_exact", "overrides", "template", "group"}
+             "no_match", "fp_exact", "overrides", "template", "grow"}
 FILE_KEYS = {"rules", "kind", "doc"}
 # Functions a replacement may use to compute attribute values.
 ATTR_FUNCS: dict[str, Any] = {
@@ -53,7 +55,7 @@ class Rule:
     name: str
     doc: str
     kind: str
-    pattern: POp
+    pattern: POp | PCat
     pattern_src: str
     replace: S.Node | None
     replace_src: str | None
@@ -66,10 +68,14 @@ class Rule:
     examples: tuple[dict[str, Any], ...] = ()
     no_match: tuple[dict[str, Any], ...] = ()
     builtin: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    # fuse rules: the op categories a group grows into from its root's producers
+    grow: tuple[str, ...] = ()
 
     @property
     def root(self) -> str:
+        """The op a rule is indexed by; `@category` for category patterns."""
+        if isinstance(self.pattern, PCat):
+            return f"@{self.pattern.category}"
         return self.pattern.op
 
     @property
@@ -165,10 +171,12 @@ class RuleLoader:
         pwhere = _value_where(lines, path + ("pattern",), at("pattern"))
         ast = S.parse_expr(src, pwhere)
         pattern = Compiler(self.table, pwhere).pattern(ast)
-        if not isinstance(pattern, POp):
+        if not (isinstance(pattern, POp) or (kind == "fuse" and isinstance(pattern, PCat))):
             raise RuleError("a pattern must apply an op at its root, not a bare variable "
-                            "or constant", at("pattern"))
+                            "or constant (`@category` roots are for fuse rules)", at("pattern"))
         bound = _pattern_vars(pattern)
+        if kind == "fuse":
+            bound |= set(FUSE_GUARD_NAMES)  # what engine/fuse.py binds after growing a group
         replace_src = entry.get("replace")
         replace_ast: S.Node | None = None
         if kind != "fuse":
@@ -204,13 +212,17 @@ class RuleLoader:
         template = entry.get("template")
         if kind == "fuse" or template is not None:
             _check_template(template, at("template"))
+        grow = entry.get("grow", [])
+        if not isinstance(grow, list) or any(g not in CATEGORIES for g in grow):
+            raise RuleError(f"`grow:` lists op categories ({', '.join(CATEGORIES)})",
+                            at("grow"))
         return Rule(
             name=name, doc=doc.strip(), kind=kind, pattern=pattern, pattern_src=src,
             replace=replace_ast, replace_src=replace_src, guards=tuple(guards), where=where,
             priority=priority, fp_exact=bool(entry.get("fp_exact", True)),
             overrides=bool(entry.get("overrides", False)), template=template,
             examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
-            extra={k: entry[k] for k in ("group",) if k in entry},
+            grow=tuple(grow),
         )
 
     def _check_replace(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
@@ -260,17 +272,23 @@ class RuleLoader:
                                      f"{', '.join(sorted(GUARD_FUNCTIONS))})", n)
 
 
+TEMPLATE_FILES = ("triton/{}.py.j2", "openmp/{}.cpp.j2")
+
+
 def _check_template(template: Any, where: Where) -> None:
-    """A fuse rule's template must be a plain file under templates/."""
+    """A fuse rule names a kernel template: templates/triton/NAME.py.j2 for the GPU
+    and templates/openmp/NAME.cpp.j2 for the CPU must both exist."""
     templates = Path(__file__).resolve().parent.parent / "templates"
     if not isinstance(template, str) or not template:
-        raise RuleError("a fuse rule names its `template:` (a file under templates/)", where)
-    if not re.fullmatch(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.[a-z0-9.]+", template) \
-            or ".." in template:
-        raise RuleError(f"template {template!r} must be a relative path inside templates/ "
-                        "(letters, digits, '_' and '/')", where)
-    if not (templates / template).is_file():
-        raise RuleError(f"no template {template!r} under templates/", where)
+        raise RuleError("a fuse rule names its `template:` (e.g. `pointwise`)", where)
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", template):
+        raise RuleError(f"template {template!r} must be a template name (lowercase letters, "
+                        "digits, '_'), e.g. `pointwise`", where)
+    missing = [f.format(template) for f in TEMPLATE_FILES
+               if not (templates / f.format(template)).is_file()]
+    if missing:
+        raise RuleError(f"no template {template!r}: missing templates/"
+                        f"{' and templates/'.join(missing)}", where)
 
 
 def _value_where(lines: dict[tuple[Any, ...], Any], path: tuple[Any, ...], key: Where) -> Where:

@@ -30,6 +30,11 @@ class Var(Node):
 
 
 @dataclass(frozen=True)
+class Category(Node):
+    name: str  # pointwise | reduction | view | extern
+
+
+@dataclass(frozen=True)
 class Lit(Node):
     value: Any  # int | float | str | bool | None
 
@@ -106,6 +111,9 @@ class _ToAst(lark.Transformer):
         if name in _NAMED_CONSTS:
             return Lit(_NAMED_CONSTS[name], **_pos(meta))
         return Var(name, **_pos(meta))
+
+    def category(self, meta: Any, c: list[Any]) -> Node:
+        return Category(str(c[0]), **_pos(meta))
 
     def number(self, meta: Any, c: list[Any]) -> Node:
         text = str(c[0])
@@ -262,6 +270,8 @@ def show(node: Node) -> str:
         return node.name
     if isinstance(node, Lit):
         return repr(node.value)
+    if isinstance(node, Category):
+        return f"@{node.name}"
     if isinstance(node, Call):
         parts = [show(a) for a in node.args] + [f"{k}={show(v)}" for k, v in node.kwargs]
         return f"{node.func}({', '.join(parts)})"

@@ -1,0 +1,139 @@
+"""Building and loading generated kernels, through an on-disk cache.
+
+- C++ (OpenMP): compiled with the system compiler (`$CXX`, default g++) as
+  `-O3 -march=native -fopenmp -shared -fPIC` and loaded with ctypes.
+- Triton: the source is written to a file (Triton's JIT reads it back) and
+  imported; `@triton.jit` compiles it on first launch.
+
+The cache (`$REWRITEC_CACHE_DIR`, default `~/.cache/rewritec`) is created
+user-only (0700). An entry is keyed by the sha256 of source, flags and
+compiler; beside each artifact a `.sha256` file holds the artifact's own
+hash, and an artifact whose bytes do not match is rebuilt, never loaded.
+Writers build into a private temporary file and publish with an atomic
+rename, so processes filling the cache at once never see half a file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+
+
+class BuildError(Exception):
+    """A kernel could not be built; its group falls back to ATen."""
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("REWRITEC_CACHE_DIR") or Path.home() / ".cache" / "rewritec")
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(root, 0o700)
+    return root
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _verified(path: Path) -> bool:
+    """The artifact exists and matches the hash recorded beside it."""
+    digest = path.with_name(path.name + ".sha256")
+    try:
+        return digest.read_text().strip() == _sha(path.read_bytes())
+    except OSError:
+        return False
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    digest_tmp = tmp.with_name(tmp.name + ".sha256")
+    digest_tmp.write_text(_sha(tmp.read_bytes()))
+    os.replace(tmp, path)
+    os.replace(digest_tmp, path.with_name(path.name + ".sha256"))
+
+
+@cache
+def cxx() -> str | None:
+    """The C++ compiler to use, or None when there is none."""
+    name = os.environ.get("CXX", "g++")
+    return shutil.which(name)
+
+
+@cache
+def _cxx_version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return compiler
+
+
+def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:
+    """Compile (or fetch from the cache) and return (the C function, source path)."""
+    compiler = cxx()
+    if compiler is None:
+        raise BuildError("no C++ compiler found (set CXX or install g++)")
+    key = _sha("\n".join([source, " ".join(CXX_FLAGS), _cxx_version(compiler)]).encode())
+    root = cache_dir()
+    src, lib = root / f"{key}.cpp", root / f"{key}.so"
+    if not _verified(lib):
+        fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        tmp_src = tmp.with_suffix(".cpp")
+        tmp_src.write_text(source)
+        try:
+            proc = subprocess.run([compiler, *CXX_FLAGS, str(tmp_src), "-o", str(tmp)],
+                                  capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise BuildError(f"{compiler} failed to run: {e}") from None
+        finally:
+            if not src.exists():
+                os.replace(tmp_src, src)
+            else:
+                tmp_src.unlink(missing_ok=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            first = "\n".join(proc.stderr.strip().splitlines()[:6])
+            raise BuildError(f"{compiler} rejected the kernel:\n{first}")
+        _publish(tmp, lib)
+    try:
+        fn = getattr(ctypes.CDLL(str(lib)), symbol)
+    except (OSError, AttributeError) as e:
+        raise BuildError(f"cannot load {lib.name}: {e}") from None
+    return fn, src
+
+
+def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
+    """Write (or reuse) the module file and import the @triton.jit kernel from it."""
+    key = _sha(source.encode())
+    root = cache_dir()
+    path = root / f"{key}.py"
+    if not _verified(path) or path.read_text() != source:
+        fd, tmp_name = tempfile.mkstemp(suffix=".py", prefix=f".{key}.", dir=root)
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        _publish(Path(tmp_name), path)
+    name = f"rewritec_kernels.{symbol}_{key[:12]}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise BuildError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - a template that renders invalid code
+            raise BuildError(f"generated Triton module does not load: {type(e).__name__}: "
+                             f"{e}") from None
+        sys.modules[name] = module
+    return getattr(module, symbol), path

@@ -1,0 +1,407 @@
+"""From a `kernel` term to kernel source: Python computes every expression,
+the templates under `templates/triton/` and `templates/openmp/` lay them out.
+
+A kernel iterates over one space:
+- `pointwise`: the output's elements, linear index `i`;
+- `row`: rows of length `cols`; values are per element ([R..., C]) or per
+  row ([R..., 1], e.g. a reduction's result), reductions run along a row.
+Inputs are read either flat (contiguous, same shape as the space: offset is
+the linear index) or strided: the offset is the sum of each dim's index times
+the input's run-time stride, built and simplified with sympy (broadcast dims
+drop out). Sizes and strides are run-time arguments, so one kernel serves
+every shape of a dynamic dimension.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from ..engine.fuse import ROW_REDUCTIONS, body_terms
+from ..engine.ops import OpTable, default_op_table
+from ..engine.term import Term
+from .templates import render_template
+
+TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
+                 "f64": "tl.float64", "b8": "tl.int1"}
+CPP_DTYPES = {"f32": "float", "f64": "double", "b8": "bool"}
+SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class RenderError(Exception):
+    """The group cannot be rendered by this target; it falls back to ATen."""
+
+
+@dataclass
+class KInput:
+    name: str  # in0, in1, ...
+    dtype: str
+    flat: bool  # contiguous with the space's shape: offset is the linear index
+    per_row: bool  # row kernels: one value per row ([R..., 1])
+    rank: int  # the space's rank (strides are passed for every dim)
+
+
+@dataclass
+class KernelSpec:
+    name: str
+    kind: str  # pointwise | row
+    rule: str
+    location: str
+    template: str
+    inputs: list[KInput]
+    body: list[Term]
+    root: Term
+    out_dtype: str
+    rank: int  # rank of the iteration space (row: rank of [R..., C])
+    replaced_ops: int
+    per_row_out: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def kernel_kind(term: Term) -> str:
+    return "row" if term.attr("template") == "row" else "pointwise"
+
+
+def spec_of(term: Term, index: int) -> KernelSpec:
+    body = body_terms(term)
+    root = term.attr("body")
+    kind = kernel_kind(term)
+    if kind == "row":
+        src = root.args[0] if root.op in ROW_REDUCTIONS else root
+        shape = tuple(src.meta.shape)
+    else:
+        shape = tuple(root.meta.shape)
+    inputs = []
+    for i, a in enumerate(term.args):
+        ashape = tuple(a.meta.shape)
+        per_row = kind == "row" and len(shape) > 0 and ashape[-1:] == (1,) and shape[-1] != 1
+        flat = _contiguous(a) and (ashape == shape or
+                                   (per_row and ashape == shape[:-1] + (1,)))
+        inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, len(shape)))
+    ops = [t for t in body if t.op not in ("arg", "const")]
+    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body],
+                                  [(x.dtype, x.flat, x.per_row) for x in inputs])).encode())
+    name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
+    return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
+                      location=term.attr("location"), template=term.attr("template"),
+                      inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
+                      rank=len(shape), replaced_ops=len(ops),
+                      per_row_out=kind == "row" and tuple(root.meta.shape) != shape)
+
+
+def _key(t: Term) -> Any:
+    if t.op == "arg":
+        return ("arg", t.attr("index"))
+    if t.op == "const":
+        return ("const", repr(t.value))
+    return (t.op, tuple(k for k, _ in t.attrs), repr([v for _, v in t.attrs]))
+
+
+def _contiguous(t: Term) -> bool:
+    expected: Any = 1
+    for size, stride in reversed(list(zip(t.meta.shape, t.meta.strides, strict=False))):
+        if size != 1 and stride != expected:
+            return False
+        expected = expected * size
+    return len(t.meta.strides) == len(t.meta.shape)
+
+
+# ------------------------------------------------------------------ index expressions
+def strided_offset(rank: int, name: str, index: str, skip_last: bool = False) -> sympy.Expr:
+    """sum_k ((index // prod(size[k+1:])) % size[k]) * stride_k, over the space's dims.
+
+    Sizes are `size{k}`, strides `{name}_stride{k}`; sympy drops the modulo of the
+    outermost dim (index < numel) and the division of the innermost."""
+    idx = sympy.Symbol(index, integer=True, nonnegative=True)
+    sizes = [sympy.Symbol(f"size{k}", integer=True, positive=True) for k in range(rank)]
+    dims = range(rank - 1) if skip_last else range(rank)
+    last = rank - 2 if skip_last else rank - 1
+    expr = sympy.Integer(0)
+    for k in dims:
+        inner = sympy.Mul(*sizes[k + 1:last + 1]) if k < last else sympy.Integer(1)
+        q = sympy.floor(idx / inner) if k < last else idx
+        pos = q if k == 0 else sympy.Mod(q, sizes[k])
+        expr += pos * sympy.Symbol(f"{name}_stride{k}", integer=True)
+    return expr
+
+
+def print_index(expr: sympy.Expr, target: str) -> str:
+    """Print a non-negative index expression: integer division is `//` in Triton
+    and `/` in C++ (int64 operands), remainder is `%` in both."""
+    div = "//" if target == "triton" else "/"
+
+    def p(e: sympy.Expr) -> str:
+        if isinstance(e, sympy.Symbol):
+            return e.name
+        if isinstance(e, sympy.Integer):
+            return str(int(e))
+        if isinstance(e, sympy.Add):
+            return " + ".join(p(a) for a in e.args)
+        if isinstance(e, sympy.Mul):
+            return " * ".join(paren(a) for a in e.args)
+        if isinstance(e, sympy.Mod):
+            return f"{paren(e.args[0])} % {paren(e.args[1])}"
+        if isinstance(e, sympy.floor):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            return f"{paren(num)} {div} {paren(den)}"
+        raise RenderError(f"cannot print index expression {e}")
+
+    def paren(e: sympy.Expr) -> str:
+        s = p(e)
+        return s if isinstance(e, sympy.Symbol | sympy.Integer) else f"({s})"
+
+    return p(expr)
+
+
+# ------------------------------------------------------------------ value expressions
+def literal(value: Any, target: str, single: bool = True) -> str:
+    """A constant in kernel source. In C++ float kernels, float literals get an
+    `f` suffix so arithmetic stays in single precision as the tensors are."""
+    if isinstance(value, bool):
+        return ("True" if value else "False") if target == "triton" else str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "float('nan')" if target == "triton" else "NAN"
+        if math.isinf(value):
+            sign = "-" if value < 0 else ""
+            return f"float('{sign}inf')" if target == "triton" else f"({sign}INFINITY)"
+        if target == "triton":
+            return repr(value)
+        return f"{value!r}f" if single else repr(value)
+    raise RenderError(f"no {target} literal for {value!r}")
+
+
+def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> str:
+    """The expression computing `t` from its operands' names."""
+    info = table.get(t.op)
+    fmt = getattr(info, target if target == "triton" else "cpp", None) if info else None
+    if fmt is None:
+        raise RenderError(f"op {t.op} has no {target} expression in rules/ops.yaml")
+    single = t.meta.dtype != "f64"
+    values = {n: _operand(a, names, target, single) for n, a in
+              zip(info.args, t.args, strict=True)}
+    for k, v in t.attrs:
+        if k in info.attrs and k not in values:
+            values[k] = literal(v, target, single) if v is not None else "None"
+    return "(" + fmt.format(**values) + ")"
+
+
+def _operand(a: Term, names: dict[Term, str], target: str, single: bool) -> str:
+    if a.op == "const":
+        return literal(a.value, target, single)
+    return names[a]
+
+
+def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
+    """Whether the target can compute `t` inside a kernel."""
+    table = table or default_op_table()
+    info = table.get(t.op)
+    if info is None or t.meta.kind != "tensor":
+        return False
+    dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
+    if t.meta.dtype not in dtypes or t.meta.dtype == "b8":
+        return False
+    if t.op in ROW_REDUCTIONS:
+        pass  # engine/fuse.py checks the reduction's dims; the template renders it
+    elif (info.triton if target == "triton" else info.cpp) is None:
+        return False
+    for k, v in (() if t.op in ROW_REDUCTIONS else t.attrs):
+        if k in info.attrs and not isinstance(v, bool | int | float) and v is not None:
+            return False
+        if k in info.attrs and v is None and ("{" + k + "}") in (info.triton or "") + (info.cpp or ""):
+            return False
+    for a in t.args:
+        if a.op == "const":
+            if not isinstance(a.value, bool | int | float):
+                return False
+        elif a.meta.kind != "tensor" or a.meta.dtype not in (t.meta.dtype, "b8"):
+            return False
+        elif a.meta.dtype == "b8" and not (t.op in ("where", "masked_fill")):
+            return False
+    if target == "openmp" and not t.meta.device.startswith("cpu"):
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ rendering
+def render(spec: KernelSpec, target: str, table: OpTable | None = None) -> str:
+    table = table or default_op_table()
+    if target == "triton":
+        return _render_triton(spec, table)
+    return _render_cpp(spec, table)
+
+
+def _names(spec: KernelSpec) -> dict[Term, str]:
+    names: dict[Term, str] = {}
+    for t in spec.body:
+        if t.op == "arg":
+            names[t] = f"x{t.attr('index')}"
+        elif t.op != "const":
+            names[t] = f"t{len(names)}"
+    return names
+
+
+def _per_row(t: Term, spec: KernelSpec) -> bool:
+    if spec.kind != "row":
+        return False
+    if t.op == "arg":
+        return spec.inputs[t.attr("index")].per_row
+    return t.op in ROW_REDUCTIONS or (bool(t.args) and all(
+        _per_row(a, spec) for a in t.args if a.op != "const"))
+
+
+def _header(spec: KernelSpec, target: str, comment: str) -> list[str]:
+    ext = "py" if target == "triton" else "cpp"
+    return [f"{comment} rewritec kernel {spec.name}",
+            f"{comment} rule: {spec.rule} @ {spec.location}",
+            f"{comment} template: templates/{target}/{spec.template}.{ext}.j2",
+            f"{comment} replaces {spec.replaced_ops} ATen op(s)"]
+
+
+def _render_triton(spec: KernelSpec, table: OpTable) -> str:
+    names = _names(spec)
+    compute = "tl.float64" if spec.out_dtype == "f64" else "tl.float32"
+    loads, stmts = [], []
+    for inp in spec.inputs:
+        if spec.kind == "pointwise":
+            off = "offs" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "offs"), "triton")
+            mask = "mask"
+        elif inp.per_row:
+            off = "row" if inp.flat else print_index(
+                strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
+            mask = None
+        else:
+            base = "row * n_cols + cols" if inp.flat else (
+                f"{print_index(strided_offset(spec.rank, inp.name, 'row', True), 'triton')} "
+                f"+ cols * {inp.name}_stride{spec.rank - 1}")
+            off, mask = base, "mask"
+        cast = "" if inp.dtype == "b8" else f".to({compute})"
+        m = f", mask={mask}, other=0" if mask else ""
+        loads.append(f"x{spec.inputs.index(inp)} = tl.load({inp.name}_ptr + {off}{m}){cast}")
+    for t in spec.body:
+        if t.op in ("arg", "const"):
+            continue
+        if t.op in ROW_REDUCTIONS:
+            src = names[t.args[0]]
+            if t.op in ("sum", "mean"):
+                e = f"tl.sum(tl.where(mask, {src}, 0.0), axis=0)"
+                if t.op == "mean":
+                    e = f"{e} / n_cols"
+            else:
+                fill = "float('-inf')" if t.op == "amax" else "float('inf')"
+                fn = "tl.max" if t.op == "amax" else "tl.min"
+                e = f"{fn}(tl.where(mask, {src}, {fill}), axis=0)"
+            stmts.append(f"{names[t]} = {e}")
+        else:
+            stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")
+    result = names[spec.root]
+    if spec.kind == "pointwise":
+        out_off, out_mask = "offs", "mask"
+    elif spec.per_row_out:
+        out_off, out_mask = "row", None
+    else:
+        out_off, out_mask = "row * n_cols + cols", "mask"
+    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
+    params += ["n_elements"] if spec.kind == "pointwise" else ["n_cols"]
+    params += [f"size{k}" for k in range(spec.rank)]
+    params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
+    return render_template(f"triton/{spec.template}.py.j2", header=_header(spec, "triton", "#"),
+                           name=spec.name, params=params, loads=loads, stmts=stmts,
+                           result=result, out_dtype=TRITON_DTYPES[spec.out_dtype],
+                           out_offset=out_off, out_mask=out_mask)
+
+
+def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
+    names = _names(spec)
+    ctype = CPP_DTYPES[spec.out_dtype]
+    params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
+    params += [f"{ctype}* __restrict__ out_ptr"]
+    params += [f"int64_t size{k}" for k in range(spec.rank)]
+    params += [f"int64_t {i.name}_stride{k}" for i in spec.inputs if not i.flat
+               for k in range(spec.rank)]
+    params += ["int64_t n_elements" if spec.kind == "pointwise" else "int64_t n_rows",
+               "int64_t n_cols"]
+
+    def load(inp: KInput, idx: int) -> str:
+        if spec.kind == "pointwise":
+            off = "i" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "i"), "cpp")
+        elif inp.per_row:
+            off = "r" if inp.flat else print_index(
+                strided_offset(spec.rank, inp.name, "r", skip_last=True), "cpp")
+        else:
+            off = "r * n_cols + c" if inp.flat else (
+                f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')} "
+                f"+ c * {inp.name}_stride{spec.rank - 1}")
+        return f"const {ctype} x{idx} = {inp.name}_ptr[{off}];"
+
+    def stmt(t: Term) -> str:
+        return f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
+
+    if spec.kind == "pointwise":
+        lines = [load(inp, k) for k, inp in enumerate(spec.inputs)]
+        lines += [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
+        return render_template(f"openmp/{spec.template}.cpp.j2",
+                               header=_header(spec, "openmp", "//"), name=spec.name,
+                               params=params, body=lines, result=names[spec.root])
+    # Row kernel: per-row values first (loads, then reductions in order, each a loop over
+    # the row that recomputes only the element values it needs), then the output loop.
+    row_lines: list[str] = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
+    done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
+
+    def needed(target_terms: list[Term]) -> list[Term]:
+        keep: list[Term] = []
+        for t in spec.body:
+            if t.op == "const" or t in done or _per_row(t, spec):
+                continue
+            if any(_depends(x, t) for x in target_terms):
+                keep.append(t)
+        return keep
+
+    def elem_lines(terms: list[Term]) -> list[str]:
+        out = []
+        for t in terms:
+            if t.op == "arg":
+                out.append(load(spec.inputs[t.attr("index")], t.attr("index")))
+            else:
+                out.append(stmt(t))
+        return out
+
+    for t in spec.body:
+        if t.op in ("arg", "const") or t in done:
+            continue
+        if t.op in ROW_REDUCTIONS:
+            src = t.args[0]
+            op = {"sum": "+", "mean": "+", "amax": "max", "amin": "min"}[t.op]
+            init = {"sum": "0", "mean": "0", "amax": "-INFINITY", "amin": "INFINITY"}[t.op]
+            acc = f"{names[t]}_acc"
+            update = f"{acc} += {names[src]};" if op == "+" else \
+                f"{acc} = std::{op}({acc}, {names[src]});"
+            row_lines.append(f"{ctype} {acc} = {init};")
+            row_lines.append(f"#pragma omp simd reduction({op}:{acc})")
+            row_lines.append("for (int64_t c = 0; c < n_cols; ++c) {")
+            row_lines += ["    " + x for x in elem_lines(needed([src]))]
+            row_lines.append(f"    {update}")
+            row_lines.append("}")
+            div = " / n_cols" if t.op == "mean" else ""
+            row_lines.append(f"const {ctype} {names[t]} = {acc}{div};")
+            done.add(t)
+        elif _per_row(t, spec):
+            row_lines.append(stmt(t))
+            done.add(t)
+    out_lines = elem_lines(needed([spec.root]))
+    return render_template(f"openmp/{spec.template}.cpp.j2", header=_header(spec, "openmp", "//"),
+                           name=spec.name, params=params, row_body=row_lines,
+                           elem_body=out_lines, result=names[spec.root],
+                           per_row_out=spec.per_row_out)
+
+
+def _depends(x: Term, t: Term) -> bool:
+    """Is `t` needed to compute `x` (is it `x` or one of its ancestors)?"""
+    return any(u is t for u in x.walk())

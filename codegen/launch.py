@@ -1,0 +1,211 @@
+"""Turning the `kernel` terms of a graph into callable launchers.
+
+For each kernel term: build its `KernelSpec`, render it for the target, build
+it through the cache and wrap it in a launcher that allocates the output,
+computes sizes, strides and the grid at run time, and launches. A kernel that
+fails to render or build is replaced by its body again, so that group runs
+through ATen, with a warning naming the rule and template (`strict` raises).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..engine.term import Graph, Term, TermStore
+from ..frontend.aten import TORCH_DTYPES
+from .build import BuildError, build_cpp, load_triton
+from .kernels import KernelSpec, RenderError, render, spec_of
+
+
+class KernelFallback(UserWarning):
+    """A fused group runs through ATen because its kernel could not be built."""
+
+
+class CppLauncher:
+    def __init__(self, spec: KernelSpec, fn: Any) -> None:
+        self.spec = spec
+        self.fn = fn
+        n_ptr = len(spec.inputs) + 1
+        n_int = spec.rank + sum(spec.rank for i in spec.inputs if not i.flat) + 2
+        fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
+        fn.restype = None
+        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
+        if out.numel() == 0:
+            return out
+        cols = space[-1] if space else 1
+        count = out.numel() if self.spec.kind == "pointwise" else (
+            _numel(space) // cols if cols else 0)
+        self.fn(*[t.data_ptr() for t in tensors], out.data_ptr(), *space, *strides, count, cols)
+        return out
+
+
+class TritonLauncher:
+    BLOCK_SIZE = 1024
+
+    def __init__(self, spec: KernelSpec, kernel: Any) -> None:
+        self.spec = spec
+        self.kernel = kernel
+        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
+        if out.numel() == 0:
+            return out
+        if self.spec.kind == "pointwise":
+            n = out.numel()
+            grid = (triton_cdiv(n, self.BLOCK_SIZE),)
+            self.kernel[grid](*tensors, out, n, *space, *strides, BLOCK_SIZE=self.BLOCK_SIZE)
+        else:
+            cols = space[-1]
+            rows = _numel(space) // cols
+            block = max(16, 1 << (cols - 1).bit_length())
+            self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block)
+        return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
+             ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], list[int]]:
+    """Run-time sizes of the space, the output, the inputs as passed, their strides."""
+    space = tuple(torch.broadcast_shapes(*(x.shape for x in inputs)))
+    if spec.kind == "row" and space and space[-1] == 1:
+        # every input is per-row: the row length comes from the graph (static here)
+        space = space[:-1] + (int(spec.meta.get("cols", 1)),)
+    out_shape = space[:-1] + (1,) if spec.per_row_out else space
+    device = inputs[0].device if inputs else torch.device("cpu")
+    out = torch.empty(out_shape, dtype=out_dtype, device=device)
+    tensors, strides = [], []
+    for x, inp in zip(inputs, spec.inputs, strict=True):
+        if inp.flat:
+            tensors.append(x.contiguous())
+        else:
+            target = space[:-1] + (x.shape[-1] if x.dim() else 1,) if inp.per_row else space
+            tensors.append(x)
+            strides.extend(x.expand(target).stride())
+    return space, out, tensors, strides
+
+
+@dataclass
+class Prepared:
+    graph: Graph
+    launchers: dict[Term, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
+                    out_dir: str | None, name: str,
+                    warn: Callable[[str], None] | None = None) -> Prepared:
+    """Build every kernel term of `graph`; failed ones go back to their ATen body."""
+    prepared = Prepared(graph)
+    failed: dict[Term, Term] = {}
+    order = graph.terms()
+    for t in order:
+        if t.op != "kernel":
+            continue
+        index = len(prepared.launchers) + len(failed)
+        try:
+            spec = spec_of(t, index)
+            if spec.kind == "row":
+                spec.meta["cols"] = _static(spec.root, t)
+            source = render(spec, target)
+            if target == "triton":
+                fn, path = load_triton(source, spec.name)
+                launcher: Any = TritonLauncher(spec, fn)
+            else:
+                fn, path = build_cpp(source, spec.name)
+                launcher = CppLauncher(spec, fn)
+        except (RenderError, BuildError, KeyError, ValueError) as e:
+            message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
+                       f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
+            if strict:
+                from ..engine.errors import CompileError
+
+                raise CompileError(message) from None
+            (warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=3)))(message)
+            failed[t] = inline_body(t, store)
+            continue
+        prepared.launchers[t] = launcher
+        if out_dir:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            ext = "py" if target == "triton" else "cpp"
+            copy = out / f"{name}.{spec.name}.{ext}"
+            copy.write_text(source)
+            path = copy
+        prepared.records.append({"name": spec.name, "target": target, "source": str(path),
+                                 "rules": [spec.rule], "template": f"{target}/{spec.template}",
+                                 "replaced_ops": spec.replaced_ops})
+    if failed:
+        prepared.graph = _substitute(graph, store, failed)
+    return prepared
+
+
+def _static(root: Term, kernel: Term) -> int:
+    from ..engine.fuse import ROW_REDUCTIONS
+
+    src = root.args[0] if root.op in ROW_REDUCTIONS else root
+    cols = src.meta.shape[-1] if src.meta.shape else 1
+    try:
+        return int(cols)
+    except TypeError:
+        return 1
+
+
+def inline_body(kernel: Term, store: TermStore) -> Term:
+    """The kernel's computation as ordinary terms over its operands."""
+    done: dict[Term, Term] = {}
+    for t in kernel.attr("body").walk():
+        if t.op == "arg":
+            done[t] = kernel.args[t.attr("index")]
+        elif t.op == "const":
+            done[t] = t
+        else:
+            done[t] = store.make(t.op, [done[a] for a in t.args], t.attrs, meta=t.meta)
+    return done[kernel.attr("body")]
+
+
+def _substitute(graph: Graph, store: TermStore, repl: dict[Term, Term]) -> Graph:
+    new: dict[Term, Term] = {}
+    for t in graph.terms():
+        if t in repl:
+            base = repl[t]
+            new[t] = inline_args(base, new, store)
+        elif t.args and any(new.get(a, a) is not a for a in t.args):
+            new[t] = store.make(t.op, [new.get(a, a) for a in t.args], t.attrs, meta=t.meta)
+        else:
+            new[t] = t
+    return Graph(tuple(new.get(t, t) for t in graph.inputs),
+                 tuple(None if o is None else new[o] for o in graph.outputs))
+
+
+def inline_args(t: Term, new: dict[Term, Term], store: TermStore) -> Term:
+    """`t` with the graph's already-substituted terms in place of the originals."""
+    memo: dict[Term, Term] = {}
+    for u in t.walk():
+        if u in new:
+            memo[u] = new[u]
+        elif u.args:
+            memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
+        else:
+            memo[u] = u
+    return memo[t]

@@ -1,0 +1,202 @@
+"""Fusion: grouping terms into kernels, driven by `kind: fuse` rules.
+
+Consumers come first (reverse topological order). A term not yet in a group
+that matches a fuse rule's pattern starts a group, which grows into its
+producers while:
+- the producer's op category is in the rule's `grow:` list;
+- every user of the producer is already in the group (so nothing is computed
+  twice and no intermediate must be written out);
+- the producer fits the group's iteration space (`SPACES[template]`);
+- the code generator can compile it (`can_compile`, from the target).
+Then the rule's guards decide, with `root`, `ops` (the group's op count) and
+`reductions` bound. A group becomes one `kernel` term whose operands are the
+group's inputs and whose `body` attribute is the group itself over `arg`
+placeholders; `codegen/` renders it with the rule's template.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .guards import GuardContext, GuardEval, Undecided
+from .ops import OpTable
+from .pattern import Matcher
+from .rules import Rule
+from .term import Graph, Term, TermStore
+
+# Ops a row kernel reduces with, and whether they need the row's length (mean).
+ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
+
+
+def _last_dim_reduction(t: Term) -> bool:
+    """sum/mean/amax/amin over the last dim of its input, keeping that dim."""
+    if t.op not in ROW_REDUCTIONS or t.attr("keepdim") is not True:
+        return False
+    if t.op in ("sum", "mean") and t.attr("dtype") is not None:
+        return False
+    dims = t.attr("dim")
+    rank = t.args[0].meta.rank
+    return rank > 0 and isinstance(dims, tuple) and len(dims) == 1 \
+        and isinstance(dims[0], int) and dims[0] % rank == rank - 1
+
+
+class PointwiseSpace:
+    """Every member has the root's shape: one loop over the output's elements."""
+
+    def __init__(self, root: Term) -> None:
+        self.shape = tuple(root.meta.shape)
+        self.dtype = root.meta.dtype
+
+    def fits(self, t: Term) -> bool:
+        return t.meta.kind == "tensor" and tuple(t.meta.shape) == self.shape \
+            and t.meta.dtype == self.dtype and t.op not in ROW_REDUCTIONS
+
+
+class RowSpace:
+    """Rows of length C: members are [R..., C] or per-row [R..., 1] values, and
+    reductions run over the last dim of [R..., C] values."""
+
+    def __init__(self, root: Term) -> None:
+        src = root.args[0] if _last_dim_reduction(root) else root
+        self.shape = tuple(src.meta.shape)
+        self.per_row = self.shape[:-1] + (1,)
+        self.dtype = root.meta.dtype
+
+    def fits(self, t: Term) -> bool:
+        if t.meta.kind != "tensor" or t.meta.dtype != self.dtype or not self.shape:
+            return False
+        if t.op in ROW_REDUCTIONS:
+            return _last_dim_reduction(t) and tuple(t.args[0].meta.shape) == self.shape
+        return tuple(t.meta.shape) in (self.shape, self.per_row)
+
+
+SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace}
+
+
+@dataclass
+class Group:
+    rule: Rule
+    root: Term
+    members: set[Term]
+
+
+def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
+         can_compile: Callable[[Term], bool], log: Callable[[str], None] | None = None
+         ) -> tuple[Graph, Counter[str]]:
+    """Group terms into `kernel` terms; returns the new graph and groups per rule."""
+    order = graph.terms()
+    consumers: dict[Term, list[Term]] = {}
+    for t in order:
+        for a in t.args:
+            consumers.setdefault(a, []).append(t)
+    outputs = {o for o in graph.outputs if o is not None}
+    uses = graph.users()
+    guards = GuardEval(GuardContext(users=lambda t: uses.get(t, 0), is_frozen=lambda t: False))
+    ranked = sorted(rules, key=lambda r: -r.priority)
+    owner: dict[Term, Group] = {}
+    groups: list[Group] = []
+    fired: Counter[str] = Counter()
+    for t in reversed(order):
+        if t in owner or table.get(t.op) is None or not can_compile(t):
+            continue
+        for rule in ranked:
+            group = _try_rule(rule, t, table, consumers, outputs, owner, can_compile, guards)
+            if group is not None:
+                groups.append(group)
+                for m in group.members:
+                    owner[m] = group
+                fired[rule.name] += 1
+                if log:
+                    log(f"{rule.name} @ {rule.location}: {len(group.members)} op(s) "
+                        f"-> kernel ({rule.template})")
+                break
+    if not groups:
+        return graph, fired
+    return _rebuild(graph, store, order, owner), fired
+
+
+def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list[Term]],
+              outputs: set[Term], owner: dict[Term, Group], can_compile: Callable[[Term], bool],
+              guards: GuardEval) -> Group | None:
+    if next(Matcher(table).match(rule.pattern, root, {}), None) is None:
+        return None
+    assert rule.template is not None
+    space = SPACES.get(rule.template, PointwiseSpace)(root)
+    if not space.fits(root):
+        return None
+    members = {root}
+    changed = True
+    while changed:
+        changed = False
+        for m in list(members):
+            for a in m.args:
+                if a in members or a in owner or a in outputs:
+                    continue
+                info = table.get(a.op)
+                if info is None or info.category not in rule.grow or not can_compile(a):
+                    continue
+                if not space.fits(a):
+                    continue
+                if all(c in members for c in consumers.get(a, ())):
+                    members.add(a)
+                    changed = True
+    env = {"root": root, "ops": len(members),
+           "reductions": sum(m.op in ROW_REDUCTIONS for m in members)}
+    try:
+        if not all(guards.check(g, env) for g, _ in rule.guards):
+            return None
+    except Undecided:
+        return None
+    return Group(rule, root, members)
+
+
+def _rebuild(graph: Graph, store: TermStore, order: list[Term],
+             owner: dict[Term, Group]) -> Graph:
+    new: dict[Term, Term] = {}
+    for t in order:
+        group = owner.get(t)
+        if group is not None and group.root is not t:
+            continue  # lives inside its group's kernel
+        if group is not None:
+            new[t] = _kernel(group, store, new)
+        elif t.args and any(new.get(a, a) is not a for a in t.args):
+            new[t] = store.make(t.op, [new.get(a, a) for a in t.args], t.attrs, meta=t.meta)
+        else:
+            new[t] = t
+    return Graph(tuple(new.get(t, t) for t in graph.inputs),
+                 tuple(None if o is None else new[o] for o in graph.outputs))
+
+
+def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
+    """The group as one `kernel` term: operands are its inputs, `body` the group
+    over `arg` placeholders (constants stay inline)."""
+    inputs: list[Term] = []
+    body: dict[Term, Term] = {}
+
+    def build(t: Term) -> Term:
+        if t in body:
+            return body[t]
+        if t.op == "const":
+            out = t
+        elif t in group.members:
+            out = store.make(t.op, [build(a) for a in t.args], t.attrs, meta=t.meta)
+        else:
+            if t not in inputs:
+                inputs.append(t)
+            out = store.make("arg", (), (("index", inputs.index(t)),), meta=t.meta)
+        body[t] = out
+        return out
+
+    root = build(group.root)
+    rule = group.rule
+    return store.make("kernel", [new.get(i, i) for i in inputs],
+                      (("rule", rule.name), ("template", rule.template),
+                       ("location", rule.location), ("body", root)), meta=group.root.meta)
+
+
+def body_terms(kernel: Term) -> list[Term]:
+    """A kernel's body in topological order (args and constants included)."""
+    return list(kernel.attr("body").walk())
