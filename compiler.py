@@ -178,7 +178,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         from .codegen.launch import prepare_kernels
 
         prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
-                                   strict=opts.strict, out_dir=opts.out_dir, name=name)
+                                   strict=opts.strict, out_dir=opts.out_dir, name=name,
+                                   bridge=bridge)
         graph, launchers = prepared.graph, prepared.launchers
         rec.kernels.extend(prepared.records)
     lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=aliased,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,8 +226,11 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
             return False
         elif a.meta.dtype == "b8" and not (t.op in ("where", "masked_fill")):
             return False
-    if target == "openmp" and not t.meta.device.startswith("cpu"):
+    on_cpu = t.meta.device.startswith("cpu")
+    if target == "openmp" and not on_cpu:
         return False
+    if target == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        return False  # Triton runs CPU tensors only through its interpreter
     return True
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..engine.term import Graph, Term, TermStore
-from ..frontend.aten import TORCH_DTYPES
+from ..frontend.aten import TORCH_DTYPES, Bridge
 from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, render, spec_of
 
@@ -28,17 +28,44 @@ class KernelFallback(UserWarning):
     """A fused group runs through ATen because its kernel could not be built."""
 
 
-class CppLauncher:
-    def __init__(self, spec: KernelSpec, fn: Any) -> None:
+class Launcher:
+    """Runs one kernel; if a launch fails (out of memory, a driver error), warns once
+    and runs the group's ATen body instead, so the result is still correct."""
+
+    spec: KernelSpec
+    fallback: Callable[..., torch.Tensor]
+    failed: bool = False
+    strict: bool = False
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if not self.failed:
+            try:
+                return self.launch(*inputs)
+            except Exception as e:  # noqa: BLE001 - any launch failure: use ATen
+                if self.strict:
+                    raise
+                self.failed = True
+                warnings.warn(f"rewritec: kernel {self.spec.name} (rule {self.spec.rule}) "
+                              f"failed at launch and falls back to ATen: "
+                              f"{type(e).__name__}: {e}", KernelFallback, stacklevel=2)
+        return self.fallback(*inputs)
+
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class CppLauncher(Launcher):
+    def __init__(self, spec: KernelSpec, fn: Any, fallback: Callable[..., torch.Tensor]) -> None:
         self.spec = spec
         self.fn = fn
+        self.fallback = fallback
         n_ptr = len(spec.inputs) + 1
         n_int = spec.rank + sum(spec.rank for i in spec.inputs if not i.flat) + 2
         fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
         fn.restype = None
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
         if out.numel() == 0:
             return out
@@ -49,15 +76,17 @@ class CppLauncher:
         return out
 
 
-class TritonLauncher:
+class TritonLauncher(Launcher):
     BLOCK_SIZE = 1024
 
-    def __init__(self, spec: KernelSpec, kernel: Any) -> None:
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
         self.spec = spec
         self.kernel = kernel
+        self.fallback = fallback
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
         if out.numel() == 0:
             return out
@@ -112,8 +141,26 @@ class Prepared:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
+def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
+    """The kernel's group run op by op through ATen (the launch-failure fallback)."""
+    order = [t for t in kernel.attr("body").walk() if t.op not in ("arg", "const")]
+
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        values: dict[Term, Any] = {}
+        for t in kernel.attr("body").walk():
+            if t.op == "arg":
+                values[t] = inputs[t.attr("index")]
+            elif t.op == "const":
+                values[t] = t.value
+        for t in order:
+            values[t] = bridge.run(t, [values[a] for a in t.args])
+        return values[kernel.attr("body")]
+
+    return run
+
+
 def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
-                    out_dir: str | None, name: str,
+                    out_dir: str | None, name: str, bridge: Bridge | None = None,
                     warn: Callable[[str], None] | None = None) -> Prepared:
     """Build every kernel term of `graph`; failed ones go back to their ATen body."""
     prepared = Prepared(graph)
@@ -128,12 +175,13 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
             if spec.kind == "row":
                 spec.meta["cols"] = _static(spec.root, t)
             source = render(spec, target)
+            fallback = aten_body(t, bridge or Bridge())
             if target == "triton":
                 fn, path = load_triton(source, spec.name)
-                launcher: Any = TritonLauncher(spec, fn)
+                launcher: Launcher = TritonLauncher(spec, fn, fallback)
             else:
                 fn, path = build_cpp(source, spec.name)
-                launcher = CppLauncher(spec, fn)
+                launcher = CppLauncher(spec, fn, fallback)
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
                        f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
@@ -144,6 +192,7 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
             (warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=3)))(message)
             failed[t] = inline_body(t, store)
             continue
+        launcher.strict = strict
         prepared.launchers[t] = launcher
         if out_dir:
             out = Path(out_dir)

@@ -7,11 +7,21 @@ depend on the order they run in.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run on CPU tensors through Triton's interpreter.
+# It must be chosen before triton is first imported (its own library functions
+# are decorated at import time), so it is set here, not in a fixture.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+# Tests build kernels into a private cache, never the user's ~/.cache/rewritec.
+os.environ.setdefault("REWRITEC_CACHE_DIR", tempfile.mkdtemp(prefix="rewritec-test-cache-"))
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
