@@ -189,7 +189,7 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
     values = {n: _operand(a, names, target, single) for n, a in
               zip(info.args, t.args, strict=True)}
     for k, v in t.attrs:
-        if k in info.attrs and k not in values:
+        if k in info.attrs and k not in values and k not in info.kernel_when:
             values[k] = literal(v, target, single) if v is not None else "None"
     return "(" + fmt.format(**values) + ")"
 
@@ -213,7 +213,11 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         pass  # engine/fuse.py checks the reduction's dims; the template renders it
     elif (info.triton if target == "triton" else info.cpp) is None:
         return False
+    if any(t.attr(k) != v for k, v in info.kernel_when.items()):
+        return False
     for k, v in (() if t.op in ROW_REDUCTIONS else t.attrs):
+        if k in info.kernel_when:
+            continue
         if k in info.attrs and not isinstance(v, bool | int | float) and v is not None:
             return False
         if k in info.attrs and v is None and ("{" + k + "}") in (info.triton or "") + (info.cpp or ""):

@@ -98,8 +98,15 @@ class TritonLauncher(Launcher):
             cols = space[-1]
             rows = _numel(space) // cols
             block = max(16, 1 << (cols - 1).bit_length())
-            self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block)
+            self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
+                                 num_warps=row_warps(block))
         return out
+
+
+def row_warps(block: int) -> int:
+    """Warps for a persistent row: enough that a row of BLOCK_C values fits in
+    registers (about 8 per thread) without spilling."""
+    return max(1, min(32, block // 256))
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -36,6 +36,8 @@ class OpInfo:
     cpp: str | None = None
     outputs: int = 1
     combine: str | None = None
+    # The kernel expressions hold only when these attributes have these values.
+    kernel_when: dict[str, Any] = field(default_factory=dict, hash=False)
     where: Where | None = None
 
     def overloads(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -102,6 +104,7 @@ def load_op_table(path: Path | None = None) -> OpTable:
             cpp=entry.get("cpp"),
             outputs=int(entry.get("outputs", 1)),
             combine=entry.get("combine"),
+            kernel_when=dict(entry.get("kernel_when") or {}),
             where=where,
         )
         if info.name in ops or info.name in BUILTIN_OPS:
