@@ -293,7 +293,7 @@ def _conv_module(make: Callable[[int], nn.Module]) -> Callable[[Config], Instanc
         x = _randn(cfg, n, c, hw, hw)
         rtol, atol = FP32_MATMUL
         note = None
-        if cfg.device == "cuda" and torch.backends.cudnn.allow_tf32:
+        if cfg.cuda and torch.backends.cudnn.allow_tf32:
             # cuDNN convolves fp32 in TF32 (10-bit mantissa) by default; rewritec folds
             # batch norm into the weights, so the two round differently at ~1e-3.
             rtol, atol = FP32_TF32
