@@ -23,7 +23,7 @@ from typing import Any
 
 import sympy
 
-from ..engine.fuse import ROW_REDUCTIONS, body_terms
+from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dim
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .templates import render_template
@@ -72,18 +72,25 @@ def spec_of(term: Term, index: int) -> KernelSpec:
     body = body_terms(term)
     root = term.attr("body")
     kind = kernel_kind(term)
+    dim = None
     if kind == "row":
-        src = root.args[0] if root.op in ROW_REDUCTIONS else root
+        dim = next(reduced_dim(t) for t in body if t.op in ROW_REDUCTIONS)
+        src = next(t for t in body if t.op in ROW_REDUCTIONS).args[0]
         shape = tuple(src.meta.shape)
     else:
         shape = tuple(root.meta.shape)
+    rank = len(shape)
+    # Row kernels run along `dim` moved last (the launcher permutes sizes and
+    # strides), so inputs are read flat only when `dim` already is last.
+    last = dim is None or dim == rank - 1
+    per_row_shape = shape[:dim] + (1,) + shape[dim + 1:] if dim is not None else None
     inputs = []
     for i, a in enumerate(term.args):
-        ashape = tuple(a.meta.shape)
-        per_row = kind == "row" and len(shape) > 0 and ashape[-1:] == (1,) and shape[-1] != 1
-        flat = _contiguous(a) and (ashape == shape or
-                                   (per_row and ashape == shape[:-1] + (1,)))
-        inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, len(shape)))
+        ashape = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
+        per_row = dim is not None and ashape[dim] == 1 and shape[dim] != 1
+        flat = last and a.meta.rank == rank and _contiguous(a) and (
+            ashape == shape or (per_row and ashape == per_row_shape))
+        inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank))
     ops = [t for t in body if t.op not in ("arg", "const")]
     digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body],
                                   [(x.dtype, x.flat, x.per_row) for x in inputs])).encode())
@@ -91,8 +98,9 @@ def spec_of(term: Term, index: int) -> KernelSpec:
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("template"),
                       inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
-                      rank=len(shape), replaced_ops=len(ops),
-                      per_row_out=kind == "row" and tuple(root.meta.shape) != shape)
+                      rank=rank, replaced_ops=len(ops),
+                      per_row_out=kind == "row" and tuple(root.meta.shape) != shape,
+                      meta={"dim": dim, "shape": shape})
 
 
 def _key(t: Term) -> Any:

@@ -122,22 +122,39 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
              ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], list[int]]:
-    """Run-time sizes of the space, the output, the inputs as passed, their strides."""
-    space = tuple(torch.broadcast_shapes(*(x.shape for x in inputs)))
-    if spec.kind == "row" and space and space[-1] == 1:
-        # every input is per-row: the row length comes from the graph (static here)
-        space = space[:-1] + (int(spec.meta.get("cols", 1)),)
-    out_shape = space[:-1] + (1,) if spec.per_row_out else space
+    """Run-time sizes of the space (a row kernel's reduced dim moved last), the
+    output, the inputs as passed, and their strides in the space's dim order."""
+    shape = list(torch.broadcast_shapes(*(x.shape for x in inputs)))
+    dim = spec.meta.get("dim")
+    if len(shape) < spec.rank:
+        shape = [1] * (spec.rank - len(shape)) + shape
+    if dim is not None and shape[dim] == 1:
+        # every input is one value per row: the row length comes from the graph
+        shape[dim] = int(spec.meta.get("cols", 1))
+    perm = list(range(len(shape)))
+    if dim is not None:
+        perm = [k for k in perm if k != dim] + [dim]
+    space = tuple(shape[k] for k in perm)
     device = inputs[0].device if inputs else torch.device("cpu")
-    out = torch.empty(out_shape, dtype=out_dtype, device=device)
+    keep = list(shape)
+    if dim is not None:
+        keep[dim] = 1
+    if spec.per_row_out:
+        out = torch.empty(keep, dtype=out_dtype, device=device)
+    elif dim is not None:
+        # laid out with the reduced dim innermost, seen in the graph's dim order
+        inverse = [perm.index(k) for k in range(len(perm))]
+        out = torch.empty(space, dtype=out_dtype, device=device).permute(inverse)
+    else:
+        out = torch.empty(shape, dtype=out_dtype, device=device)
     tensors, strides = [], []
     for x, inp in zip(inputs, spec.inputs, strict=True):
         if inp.flat:
             tensors.append(x.contiguous())
         else:
-            target = space[:-1] + (x.shape[-1] if x.dim() else 1,) if inp.per_row else space
+            st = x.expand(keep if inp.per_row else shape).stride()
             tensors.append(x)
-            strides.extend(x.expand(target).stride())
+            strides.extend(st[k] for k in perm)
     return space, out, tensors, strides
 
 
@@ -180,7 +197,7 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
         try:
             spec = spec_of(t, index)
             if spec.kind == "row":
-                spec.meta["cols"] = _static(spec.root, t)
+                spec.meta["cols"] = _static(spec)
             source = render(spec, target)
             fallback = aten_body(t, bridge or Bridge())
             if target == "triton":
@@ -216,14 +233,11 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
     return prepared
 
 
-def _static(root: Term, kernel: Term) -> int:
-    from ..engine.fuse import ROW_REDUCTIONS
-
-    src = root.args[0] if root.op in ROW_REDUCTIONS else root
-    cols = src.meta.shape[-1] if src.meta.shape else 1
+def _static(spec: KernelSpec) -> int:
+    """The row length known at compile time (1 when it is symbolic)."""
     try:
-        return int(cols)
-    except TypeError:
+        return int(spec.meta["shape"][spec.meta["dim"]])
+    except (TypeError, KeyError, IndexError):
         return 1
 
 

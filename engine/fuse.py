@@ -31,16 +31,18 @@ from .term import Graph, Term, TermStore
 ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
 
 
-def _last_dim_reduction(t: Term) -> bool:
-    """sum/mean/amax/amin over the last dim of its input, keeping that dim."""
+def reduced_dim(t: Term) -> int | None:
+    """The one dim a sum/mean/amax/amin reduces, keeping it (size 1); else None."""
     if t.op not in ROW_REDUCTIONS or t.attr("keepdim") is not True:
-        return False
+        return None
     if t.op in ("sum", "mean") and t.attr("dtype") is not None:
-        return False
+        return None
     dims = t.attr("dim")
     rank = t.args[0].meta.rank
-    return rank > 0 and isinstance(dims, tuple) and len(dims) == 1 \
-        and isinstance(dims[0], int) and dims[0] % rank == rank - 1
+    if rank == 0 or not isinstance(dims, tuple) or len(dims) != 1 \
+            or not isinstance(dims[0], int):
+        return None
+    return dims[0] % rank
 
 
 class PointwiseSpace:
@@ -56,21 +58,32 @@ class PointwiseSpace:
 
 
 class RowSpace:
-    """Rows of length C: members are [R..., C] or per-row [R..., 1] values, and
-    reductions run over the last dim of [R..., C] values."""
+    """Rows along one dim `dim` of a shape S: members are S-shaped values or one
+    value per row (S with size 1 at `dim`), and reductions run along `dim`.
+    Softmax and layer_norm reduce the last dim; a bias gradient reduces dim 0."""
 
     def __init__(self, root: Term) -> None:
-        src = root.args[0] if _last_dim_reduction(root) else root
+        self.dim = reduced_dim(root)
+        src = root.args[0] if self.dim is not None else root
         self.shape = tuple(src.meta.shape)
-        self.per_row = self.shape[:-1] + (1,)
         self.dtype = root.meta.dtype
+
+    def per_row(self) -> tuple[Any, ...] | None:
+        if self.dim is None:
+            return None
+        return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
 
     def fits(self, t: Term) -> bool:
         if t.meta.kind != "tensor" or t.meta.dtype != self.dtype or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
-            return _last_dim_reduction(t) and tuple(t.args[0].meta.shape) == self.shape
-        return tuple(t.meta.shape) in (self.shape, self.per_row)
+            d = reduced_dim(t)
+            if d is None or tuple(t.args[0].meta.shape) != self.shape:
+                return False
+            if self.dim is None:
+                self.dim = d  # the first reduction fixes the group's row dim
+            return d == self.dim
+        return tuple(t.meta.shape) in (self.shape, self.per_row())
 
 
 SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace}

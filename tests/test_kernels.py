@@ -45,7 +45,16 @@ def row_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (torch.exp(x) * y).sum(-1, keepdim=True)
 
 
-FUNCS = [pointwise, softmax, log_softmax, layer_norm, rms_norm, row_sum]
+def col_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A reduction over dim 0, like a bias gradient."""
+    return (torch.tanh(x) * y).sum(0, keepdim=True)
+
+
+def softmax_dim0(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.softmax(x * y, dim=0)
+
+
+FUNCS = [pointwise, softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum, softmax_dim0]
 
 
 def _layout(kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -118,6 +127,15 @@ def test_backward_graphs(target: str, fn) -> None:
 @pytest.mark.parametrize("fn", [pointwise, rms_norm], ids=lambda f: f.__name__)
 def test_half_precision_triton(dtype: torch.dtype, fn) -> None:
     _check(fn, "triton", torch.randn(6, 40).to(dtype), torch.randn(40).to(dtype), tol=2e-2)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_softmax_over_any_dim_of_3d(target: str, dim: int) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.softmax(x, dim=dim) * y
+
+    _check(fn, target, torch.randn(5, 6, 7).transpose(0, 2), torch.randn(5))
 
 
 def test_float64_openmp() -> None:
