@@ -92,7 +92,7 @@ def spec_of(term: Term, index: int) -> KernelSpec:
             ashape == shape or (per_row and ashape == per_row_shape))
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank))
     ops = [t for t in body if t.op not in ("arg", "const")]
-    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body],
+    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dim,
                                   [(x.dtype, x.flat, x.per_row) for x in inputs])).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),

@@ -83,7 +83,14 @@ class RowSpace:
             if self.dim is None:
                 self.dim = d  # the first reduction fixes the group's row dim
             return d == self.dim
-        return tuple(t.meta.shape) in (self.shape, self.per_row())
+        shape = tuple(t.meta.shape)
+        if self.dim is None and len(shape) == len(self.shape):
+            # A per-row value seen before any reduction fixes the row dim.
+            ones = [k for k, (a, b) in enumerate(zip(shape, self.shape, strict=True))
+                    if a != b]
+            if len(ones) == 1 and shape[ones[0]] == 1:
+                self.dim = ones[0]
+        return shape in (self.shape, self.per_row())
 
 
 SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace}
@@ -199,7 +206,11 @@ def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
         else:
             if t not in inputs:
                 inputs.append(t)
-            out = store.make("arg", (), (("index", inputs.index(t)),), meta=t.meta)
+            # The metadata is part of the key: hash-consing must not hand one kernel
+            # the `arg` term (and so the shape) of another kernel's input.
+            key = (t.meta.shape, t.meta.dtype, t.meta.device, t.meta.strides)
+            out = store.make("arg", (), (("index", inputs.index(t)), ("meta", key)),
+                             meta=t.meta)
         body[t] = out
         return out
 
