@@ -63,6 +63,12 @@ class KernelSpec:
     per_row_out: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def compute(self) -> str:
+        """The dtype kernel arithmetic runs in: f64 if anything is f64, else f32."""
+        dtypes = {t.meta.dtype for t in self.body if t.op != "const"}
+        return "f64" if "f64" in dtypes else "f32"
+
 
 def kernel_kind(term: Term) -> str:
     return "row" if term.attr("template") == "row" else "pointwise"
@@ -189,6 +195,13 @@ def literal(value: Any, target: str, single: bool = True) -> str:
 
 def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> str:
     """The expression computing `t` from its operands' names."""
+    if t.op == "to":
+        # Values live in the compute dtype; a cast to a narrower float rounds.
+        x = _operand(t.args[0], names, target, True)
+        dtype = t.attr("dtype")
+        if dtype in ("f16", "bf16") and target == "triton":
+            return f"{x}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
+        return x
     info = table.get(t.op)
     fmt = getattr(info, target if target == "triton" else "cpp", None) if info else None
     if fmt is None:
@@ -217,6 +230,14 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
     if t.meta.dtype not in dtypes or t.meta.dtype == "b8":
         return False
+    if t.op == "to":
+        # A float-to-float cast, nothing else (no device, layout or format change).
+        src = t.args[0]
+        others = [k for k, v in t.attrs if k != "dtype" and v not in (None, False)]
+        narrow = ("f32", "f16", "bf16")  # f64 <-> f32 would need its own rounding
+        return (src.meta.kind == "tensor" and src.meta.dtype in narrow
+                and t.attr("dtype") in narrow and t.attr("dtype") in dtypes
+                and src.meta.dtype in dtypes and not others and on_device(t, target))
     if t.op in ROW_REDUCTIONS:
         pass  # engine/fuse.py checks the reduction's dims; the template renders it
     elif (info.triton if target == "triton" else info.cpp) is None:
@@ -238,12 +259,15 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
             return False
         elif a.meta.dtype == "b8" and not (t.op in ("where", "masked_fill")):
             return False
+    return on_device(t, target)
+
+
+def on_device(t: Term, target: str) -> bool:
     on_cpu = t.meta.device.startswith("cpu")
-    if target == "openmp" and not on_cpu:
-        return False
-    if target == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
-        return False  # Triton runs CPU tensors only through its interpreter
-    return True
+    if target == "openmp":
+        return on_cpu
+    # Triton runs CPU tensors only through its interpreter.
+    return not on_cpu or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # ------------------------------------------------------------------ rendering
@@ -283,7 +307,7 @@ def _header(spec: KernelSpec, target: str, comment: str) -> list[str]:
 
 def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     names = _names(spec)
-    compute = "tl.float64" if spec.out_dtype == "f64" else "tl.float32"
+    compute = "tl.float64" if spec.compute == "f64" else "tl.float32"
     loads, stmts = [], []
     for inp in spec.inputs:
         if spec.kind == "pointwise":
@@ -336,7 +360,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
 
 def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     names = _names(spec)
-    ctype = CPP_DTYPES[spec.out_dtype]
+    ctype = CPP_DTYPES[spec.compute]
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
     params += [f"{ctype}* __restrict__ out_ptr"]
     params += [f"int64_t size{k}" for k in range(spec.rank)]

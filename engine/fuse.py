@@ -45,16 +45,20 @@ def reduced_dim(t: Term) -> int | None:
     return dims[0] % rank
 
 
+# Kernels compute in f32 (f64 when a member is f64) and round to each member's own
+# dtype where it differs, so members may mix these (f16 softmax: f32 inside).
+FLOATS = ("f32", "f16", "bf16", "f64")
+
+
 class PointwiseSpace:
     """Every member has the root's shape: one loop over the output's elements."""
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
-        self.dtype = root.meta.dtype
 
     def fits(self, t: Term) -> bool:
         return t.meta.kind == "tensor" and tuple(t.meta.shape) == self.shape \
-            and t.meta.dtype == self.dtype and t.op not in ROW_REDUCTIONS
+            and t.meta.dtype in FLOATS and t.op not in ROW_REDUCTIONS
 
 
 class RowSpace:
@@ -66,7 +70,6 @@ class RowSpace:
         self.dim = reduced_dim(root)
         src = root.args[0] if self.dim is not None else root
         self.shape = tuple(src.meta.shape)
-        self.dtype = root.meta.dtype
 
     def per_row(self) -> tuple[Any, ...] | None:
         if self.dim is None:
@@ -74,7 +77,7 @@ class RowSpace:
         return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
 
     def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype != self.dtype or not self.shape:
+        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
             d = reduced_dim(t)

@@ -124,7 +124,8 @@ def test_backward_graphs(target: str, fn) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("fn", [pointwise, rms_norm], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [pointwise, rms_norm, softmax, log_softmax, layer_norm],
+                         ids=lambda f: f.__name__)
 def test_half_precision_triton(dtype: torch.dtype, fn) -> None:
     _check(fn, "triton", torch.randn(6, 40).to(dtype), torch.randn(40).to(dtype), tol=2e-2)
 

@@ -24,11 +24,8 @@ def test_templates_on_gpu(fn, layout: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fn", FUNCS, ids=lambda f: f.__name__)
 def test_half_precision_on_gpu(fn, dtype: torch.dtype) -> None:
-    # softmax, log_softmax and layer_norm are decomposed only in f32/f64 (ATen
-    # computes half inputs in f32 internally), so in half they stay one ATen op.
-    whole = fn.__name__ in ("softmax", "log_softmax", "layer_norm")
     _check(fn, "triton", *_cuda(torch.randn(64, 1000).to(dtype), torch.randn(1000).to(dtype)),
-           tol=3e-2, expect_kernels=not whole)
+           tol=3e-2)
 
 
 @pytest.mark.parametrize("cols", [1, 7, 1023, 4097, 32768])
