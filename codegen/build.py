@@ -27,7 +27,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC",
+             "-std=c++17")
+
+# glibc's vector math library (libmvec) has SIMD versions of these. Declaring
+# them `simd` lets the vectorizer call them, as -ffast-math would, but without
+# fast-math's license to ignore inf, nan and signed zeros.
+VECTOR_MATH = ("float expf(float)", "float logf(float)", "float sinf(float)",
+               "float cosf(float)", "float erff(float)", "float tanhf(float)",
+               "float log1pf(float)", "float expm1f(float)", "float powf(float, float)",
+               "double exp(double)", "double log(double)", "double sin(double)",
+               "double cos(double)", "double erf(double)", "double tanh(double)",
+               "double pow(double, double)")
 
 
 class BuildError(Exception):
@@ -75,6 +87,26 @@ def _cxx_version(compiler: str) -> str:
                               timeout=30).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         return compiler
+
+
+@cache
+def vector_math_decls() -> tuple[str, ...]:
+    """The `simd` declarations of VECTOR_MATH, if this machine's libmvec has them
+    (probed once: a kernel that fails to load would otherwise fall back)."""
+    decls = tuple(f'__attribute__((simd("notinbranch"))) {d};' for d in VECTOR_MATH)
+    probe = ("#include <cmath>\n#include <cstdint>\nextern \"C\" {\n" + "\n".join(decls)
+             + "\n}\nextern \"C\" void probe(float* a, double* b, int64_t n) {\n"
+             "#pragma omp simd\nfor (int64_t i = 0; i < n; ++i) a[i] = std::exp(a[i]) + "
+             "std::log(a[i]) + std::sin(a[i]) + std::cos(a[i]) + std::erf(a[i]) + "
+             "std::tanh(a[i]) + std::log1p(a[i]) + std::expm1(a[i]) + std::pow(a[i], a[i]);\n"
+             "#pragma omp simd\nfor (int64_t i = 0; i < n; ++i) b[i] = std::exp(b[i]) + "
+             "std::log(b[i]) + std::sin(b[i]) + std::cos(b[i]) + std::erf(b[i]) + "
+             "std::tanh(b[i]) + std::pow(b[i], b[i]);\n}\n")
+    try:
+        build_cpp(probe, "probe")
+    except BuildError:
+        return ()
+    return decls
 
 
 def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:

@@ -26,6 +26,7 @@ import sympy
 from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dim
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
+from .build import vector_math_decls
 from .templates import render_template
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
@@ -389,7 +390,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         lines += [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
         return render_template(f"openmp/{spec.template}.cpp.j2",
                                header=_header(spec, "openmp", "//"), name=spec.name,
-                               params=params, body=lines, result=names[spec.root])
+                               params=params, body=lines, result=names[spec.root],
+                               simd_decls=vector_math_decls())
     # Row kernel: per-row values first (loads, then reductions in order, each a loop over
     # the row that recomputes only the element values it needs), then the output loop.
     row_lines: list[str] = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
@@ -439,7 +441,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     return render_template(f"openmp/{spec.template}.cpp.j2", header=_header(spec, "openmp", "//"),
                            name=spec.name, params=params, row_body=row_lines,
                            elem_body=out_lines, result=names[spec.root],
-                           per_row_out=spec.per_row_out)
+                           per_row_out=spec.per_row_out, simd_decls=vector_math_decls())
 
 
 def _depends(x: Term, t: Term) -> bool:
