@@ -113,6 +113,46 @@ def _freezable(opts: Options, kind: str, params: list[bool] | None,
     return frozen or None
 
 
+def _is_view(t: Any) -> bool:
+    """Does `t` return a view of its first operand (view, permute, slice, ...)?"""
+    from .engine.ops import default_op_table
+
+    if t.op == "getitem":
+        return True  # an output of a multi-output op, such as split
+    if t.op == "aten":
+        returns = t.attr("target")._schema.returns
+        return bool(returns) and returns[0].alias_info is not None
+    return default_op_table().category(t.op) == "view" and t.op in default_op_table().ops
+
+
+def _input_alias(t: Any) -> bool:
+    """Is `t` a graph input, or a view of one?"""
+    while t is not None and t.args and _is_view(t):
+        t = t.args[0]
+    return t is not None and t.op == "input"
+
+
+def _outputs_to_clone(graph: Graph, nodes: tuple[Any, ...],
+                      aliased_before: list[bool]) -> set[int]:
+    """Output positions whose tensor eager returned fresh but the wrapper would
+    share: an output a rewrite turned into (a view of) an input (x * 1 -> x), and
+    an output equal to an earlier one from a different FX node (hash-consing
+    merged them; eager gave two tensors, which autograd and in-place updates
+    tell apart)."""
+    clones: set[int] = set()
+    first: dict[Any, int] = {}
+    for i, o in enumerate(graph.outputs):
+        if o is None:
+            continue
+        was = aliased_before[i] if i < len(aliased_before) else True
+        if _input_alias(o) and not was:
+            clones.add(i)
+        j = first.setdefault(o, i)
+        if j != i and (i >= len(nodes) or nodes[i] is not nodes[j]):
+            clones.add(i)
+    return clones
+
+
 def choose_target(opts: Options, graph: Graph) -> str:
     """Which kernel generator serves this graph: `aten` means none."""
     if opts.target != "auto":
@@ -152,7 +192,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     conv = fx_to_terms(gm, bridge, params, frozen)
     graph = conv.graph
     rec.nodes_in = len(graph.terms())
-    outputs_were_inputs = {o for o in graph.outputs if o is not None and o.op == "input"}
+    aliased_before = [_input_alias(o) for o in graph.outputs]
     if opts.rewrite:
         from .engine.pipeline import run_pipeline
         from .frontend.fold import is_frozen, make_folder
@@ -169,10 +209,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         if opts.debug >= 3:
             print(f"[rewritec] final graph {name}:\n{dump_graph(graph)}")
     rec.nodes_out = len(graph.terms())
-    # A rewrite can turn an output into a graph input (x * 1 -> x); eager returned
-    # a fresh tensor there, so the wrapper must too.
-    aliased = {o for o in graph.outputs
-               if o is not None and o.op == "input" and o not in outputs_were_inputs}
+    clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     launchers: dict[Any, Any] = {}
     if any(t.op == "kernel" for t in graph.terms()):
         from .codegen.launch import prepare_kernels
@@ -182,7 +219,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                                    bridge=bridge)
         graph, launchers = prepared.graph, prepared.launchers
         rec.kernels.extend(prepared.records)
-    lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=aliased,
+    lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=clones,
                     launchers=launchers)
     rec.fallback_ops.update(lowered.fallback_ops)
     if opts.out_dir:

@@ -338,7 +338,11 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
             else:
                 fill = "float('-inf')" if t.op == "amax" else "float('inf')"
                 fn = "tl.max" if t.op == "amax" else "tl.min"
-                e = f"{fn}(tl.where(mask, {src}, {fill}), axis=0)"
+                # tl.max drops nan; torch.amax returns nan for a row that has one
+                stmts.append(f"{names[t]}_nan = tl.sum(tl.where(mask & ({src} != {src}), 1, 0),"
+                             f" axis=0) > 0")
+                e = (f"tl.where({names[t]}_nan, float('nan'), "
+                     f"{fn}(tl.where(mask, {src}, {fill}), axis=0))")
             stmts.append(f"{names[t]} = {e}")
         else:
             stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")
@@ -423,14 +427,22 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             op = {"sum": "+", "mean": "+", "amax": "max", "amin": "min"}[t.op]
             init = {"sum": "0", "mean": "0", "amax": "-INFINITY", "amin": "INFINITY"}[t.op]
             acc = f"{names[t]}_acc"
-            update = f"{acc} += {names[src]};" if op == "+" else \
-                f"{acc} = std::{op}({acc}, {names[src]});"
             row_lines.append(f"{ctype} {acc} = {init};")
-            row_lines.append(f"#pragma omp simd reduction({op}:{acc})")
+            if op == "+":
+                row_lines.append(f"#pragma omp simd reduction(+:{acc})")
+                update = [f"{acc} += {names[src]};"]
+            else:
+                # std::max drops nan; torch.amax returns nan for a row that has one
+                row_lines.append(f"bool {acc}_nan = false;")
+                row_lines.append(f"#pragma omp simd reduction({op}:{acc}) reduction(|:{acc}_nan)")
+                update = [f"{acc} = std::{op}({acc}, {names[src]});",
+                          f"{acc}_nan |= ({names[src]} != {names[src]});"]
             row_lines.append("for (int64_t c = 0; c < n_cols; ++c) {")
             row_lines += ["    " + x for x in elem_lines(needed([src]))]
-            row_lines.append(f"    {update}")
+            row_lines += ["    " + u for u in update]
             row_lines.append("}")
+            if op != "+":
+                row_lines.append(f"if ({acc}_nan) {acc} = NAN;")
             div = " / n_cols" if t.op == "mean" else ""
             row_lines.append(f"const {ctype} {names[t]} = {acc}{div};")
             done.add(t)

@@ -107,7 +107,7 @@ def op_label(term: Term) -> str:
 
 def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
           launchers: dict[Term, Any] | None = None,
-          clone_outputs: set[Term] | None = None) -> Lowered:
+          clone_outputs: set[int] | None = None) -> Lowered:
     """Render the wrapper for `graph`. `launchers` maps each `kernel` term to the
     launcher of its generated kernel (codegen/launch.py)."""
     em = Emitter()
@@ -144,10 +144,10 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
         if dead:
             body.append("del " + ", ".join(sorted({em.names[a] for a in dead})))
     outs = []
-    for o in graph.outputs:
+    for i, o in enumerate(graph.outputs):
         if o is None:
             outs.append("None")
-        elif clone_outputs and o in clone_outputs:
+        elif clone_outputs and i in clone_outputs:
             outs.append(f"{em.value(o)}.clone()")
         else:
             outs.append(em.value(o))

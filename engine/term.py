@@ -149,7 +149,8 @@ class TermStore:
 
     def const(self, value: Any, meta: Meta | None = None) -> Term:
         if meta is None:
-            meta = Meta(kind="scalar", dtype=_scalar_dtype(value))
+            meta = Meta(kind="none") if value is None else \
+                Meta(kind="scalar", dtype=_scalar_dtype(value))
         return self.make("const", (), (("value", value),), meta)
 
 

@@ -105,7 +105,8 @@ def to_torch_attr(value: Any, arg_type: Any = None) -> Any:
 
 def from_torch_attr(value: Any) -> Any:
     if isinstance(value, torch.dtype):
-        return dtype_name(value)
+        # dtypes outside the table (complex32, float8, uint16...) stay torch objects
+        return DTYPES[value] if value in DTYPES else Opaque(value, repr(value))
     if isinstance(value, torch.device | torch.layout | torch.memory_format):
         return Opaque(value, repr(value))
     if isinstance(value, list | tuple):
@@ -131,7 +132,12 @@ def _is_scalar(t: Term) -> bool:
     return t.meta.kind != "tensor"
 
 
-def _accepts(schema_args: list[Any], operands: tuple[Term, ...]) -> bool:
+# The .Tensor overloads that take a Python number for a later Tensor argument
+# (the others, such as lt.Tensor, reject it and have a .Scalar overload).
+WRAPS_NUMBERS = {"add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor"}
+
+
+def _accepts(schema_args: list[Any], operands: tuple[Term, ...], name: str = "") -> bool:
     positions = operand_positions(schema_args, len(operands))
     if len(positions) < len(operands):
         return False
@@ -144,7 +150,7 @@ def _accepts(schema_args: list[Any], operands: tuple[Term, ...]) -> bool:
             optional = type_s.startswith("Optional")
             if term.meta.kind == "none" and not optional:
                 return False
-            if term.meta.kind == "scalar" and i == 0:
+            if term.meta.kind == "scalar" and (i == 0 or name not in WRAPS_NUMBERS):
                 return False
         elif "number" in type_s and not _is_scalar(term):
             return False
@@ -185,8 +191,9 @@ class Bridge:
             op = overload(name)
             schema_args = op._schema.arguments
             order = [operands[i] for i in perm]
-            if not _accepts(schema_args, tuple(order)):
-                if info.commutative and len(order) == 2 and _accepts(schema_args, (order[1], order[0])):
+            if not _accepts(schema_args, tuple(order), name):
+                if info.commutative and len(order) == 2 and _accepts(
+                        schema_args, (order[1], order[0]), name):
                     order = [order[1], order[0]]
                 else:
                     continue

@@ -33,6 +33,9 @@ class Converted:
     graph: Graph
     store: TermStore
     bridge: Bridge
+    # The FX node behind each output (None for a None output): hash-consing may
+    # merge two outputs that eager returns as two tensors.
+    output_nodes: tuple[Any, ...] = ()
 
 
 def _input_kind(value: Any, is_param: bool | None) -> str:
@@ -54,6 +57,7 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
     env: dict[torch.fx.Node, Term] = {}
     inputs: list[Term] = []
     outputs: tuple[Term | None, ...] = ()
+    output_nodes: tuple[Any, ...] = ()
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             value = node.meta.get("val")
@@ -71,6 +75,7 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
             outs = node.args[0]
             outs = outs if isinstance(outs, tuple | list) else (outs,)
             outputs = tuple(_output(o, env) for o in outs)
+            output_nodes = tuple(o if isinstance(o, torch.fx.Node) else None for o in outs)
         elif node.op == "get_attr":
             # A constant tensor held by the graph module (torch.tensor(...) in forward).
             value = gm
@@ -81,7 +86,7 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
             env[node] = tensor_term(store, bridge, value, str(node.target))
         else:
             raise Unsupported(f"FX node kind {node.op!r}")
-    return Converted(Graph(tuple(inputs), outputs), store, bridge)
+    return Converted(Graph(tuple(inputs), outputs), store, bridge, output_nodes)
 
 
 def _output(o: Any, env: dict[torch.fx.Node, Term]) -> Term | None:
