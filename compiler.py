@@ -125,20 +125,28 @@ def _is_view(t: Any) -> bool:
     return default_op_table().category(t.op) == "view" and t.op in default_op_table().ops
 
 
-def _input_alias(t: Any) -> bool:
-    """Is `t` a graph input, or a view of one?"""
+def _base(t: Any) -> Any:
+    """The term whose memory `t` uses: views followed back to their base."""
     while t is not None and t.args and _is_view(t):
         t = t.args[0]
-    return t is not None and t.op == "input"
+    return t
 
 
-def _outputs_to_clone(graph: Graph, nodes: tuple[Any, ...],
+def _input_alias(t: Any) -> bool:
+    """Is `t` a graph input, or a view of one?"""
+    base = _base(t)
+    return base is not None and base.op == "input"
+
+
+def _outputs_to_clone(graph: Graph, bases: tuple[Any, ...],
                       aliased_before: list[bool]) -> set[int]:
     """Output positions whose tensor eager returned fresh but the wrapper would
-    share: an output a rewrite turned into (a view of) an input (x * 1 -> x), and
-    an output equal to an earlier one from a different FX node (hash-consing
-    merged them; eager gave two tensors, which autograd and in-place updates
-    tell apart)."""
+    share: an output a rewrite turned into (a view of) an input (x * 1 -> x), a
+    folded constant (or a view of one), and
+    an output using the same memory as an earlier one where eager's did not
+    (hash-consing merged two equal computations; eager gave two tensors, which
+    autograd and in-place updates tell apart). `bases` holds, per output, the
+    FX node whose memory eager's output uses."""
     clones: set[int] = set()
     first: dict[Any, int] = {}
     for i, o in enumerate(graph.outputs):
@@ -147,8 +155,14 @@ def _outputs_to_clone(graph: Graph, nodes: tuple[Any, ...],
         was = aliased_before[i] if i < len(aliased_before) else True
         if _input_alias(o) and not was:
             clones.add(i)
-        j = first.setdefault(o, i)
-        if j != i and (i >= len(nodes) or nodes[i] is not nodes[j]):
+            continue
+        if _base(o).op == "tensor":
+            # A folded constant lives across calls: hand out a copy, or the caller
+            # could change it for every later call.
+            clones.add(i)
+            continue
+        j = first.setdefault(_base(o), i)
+        if j != i and (i >= len(bases) or bases[i] is not bases[j]):
             clones.add(i)
     return clones
 

@@ -33,8 +33,9 @@ class Converted:
     graph: Graph
     store: TermStore
     bridge: Bridge
-    # The FX node behind each output (None for a None output): hash-consing may
-    # merge two outputs that eager returns as two tensors.
+    # The FX node whose memory each output uses (views followed back to their base;
+    # None for a None output): hash-consing may merge two outputs that eager
+    # returns as two separate tensors.
     output_nodes: tuple[Any, ...] = ()
 
 
@@ -75,7 +76,8 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
             outs = node.args[0]
             outs = outs if isinstance(outs, tuple | list) else (outs,)
             outputs = tuple(_output(o, env) for o in outs)
-            output_nodes = tuple(o if isinstance(o, torch.fx.Node) else None for o in outs)
+            output_nodes = tuple(_fx_base(o) if isinstance(o, torch.fx.Node) else None
+                                 for o in outs)
         elif node.op == "get_attr":
             # A constant tensor held by the graph module (torch.tensor(...) in forward).
             value = gm
@@ -87,6 +89,22 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
         else:
             raise Unsupported(f"FX node kind {node.op!r}")
     return Converted(Graph(tuple(inputs), outputs), store, bridge, output_nodes)
+
+
+def _fx_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage `node` shares: views and getitems followed back."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        target = node.target
+        if target is operator.getitem:
+            node = node.args[0]
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            break
+        returns = target._schema.returns
+        if not returns or returns[0].alias_info is None:
+            break
+        node = node.args[0]
+    return node
 
 
 def _output(o: Any, env: dict[torch.fx.Node, Term]) -> Term | None:
