@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..engine.term import Graph, Term, TermStore
+from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import TORCH_DTYPES, Bridge
 from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, render, spec_of
@@ -255,27 +255,19 @@ def inline_body(kernel: Term, store: TermStore) -> Term:
 
 
 def _substitute(graph: Graph, store: TermStore, repl: dict[Term, Term]) -> Graph:
-    new: dict[Term, Term] = {}
-    for t in graph.terms():
-        if t in repl:
-            base = repl[t]
-            new[t] = inline_args(base, new, store)
-        elif t.args and any(new.get(a, a) is not a for a in t.args):
-            new[t] = store.make(t.op, [new.get(a, a) for a in t.args], t.attrs, meta=t.meta)
-        else:
-            new[t] = t
-    return Graph(tuple(new.get(t, t) for t in graph.inputs),
-                 tuple(None if o is None else new[o] for o in graph.outputs))
+    """`graph` with each failed kernel replaced by its body over the new terms."""
 
+    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
+        if t not in repl:
+            return None
+        memo: dict[Term, Term] = {}
+        for u in repl[t].walk():
+            if u in new:
+                memo[u] = new[u]
+            elif u.args:
+                memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
+            else:
+                memo[u] = u
+        return memo[repl[t]]
 
-def inline_args(t: Term, new: dict[Term, Term], store: TermStore) -> Term:
-    """`t` with the graph's already-substituted terms in place of the originals."""
-    memo: dict[Term, Term] = {}
-    for u in t.walk():
-        if u in new:
-            memo[u] = new[u]
-        elif u.args:
-            memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
-        else:
-            memo[u] = u
-    return memo[t]
+    return rebuild(graph, store, replace)

@@ -25,7 +25,7 @@ from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
 from .pattern import Matcher
 from .rules import Rule
-from .term import Graph, Term, TermStore
+from .term import Graph, Term, TermStore, rebuild
 
 # Ops a row kernel reduces with, and whether they need the row's length (mean).
 ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
@@ -138,7 +138,7 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
                 break
     if not groups:
         return graph, fired
-    return _rebuild(graph, store, order, owner), fired
+    return _rebuild(graph, store, owner), fired
 
 
 def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list[Term]],
@@ -176,21 +176,15 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list
     return Group(rule, root, members)
 
 
-def _rebuild(graph: Graph, store: TermStore, order: list[Term],
-             owner: dict[Term, Group]) -> Graph:
-    new: dict[Term, Term] = {}
-    for t in order:
+def _rebuild(graph: Graph, store: TermStore, owner: dict[Term, Group]) -> Graph:
+    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
         group = owner.get(t)
-        if group is not None and group.root is not t:
-            continue  # lives inside its group's kernel
-        if group is not None:
-            new[t] = _kernel(group, store, new)
-        elif t.args and any(new.get(a, a) is not a for a in t.args):
-            new[t] = store.make(t.op, [new.get(a, a) for a in t.args], t.attrs, meta=t.meta)
-        else:
-            new[t] = t
-    return Graph(tuple(new.get(t, t) for t in graph.inputs),
-                 tuple(None if o is None else new[o] for o in graph.outputs))
+        if group is None:
+            return None
+        # A member other than the root lives inside its group's kernel only.
+        return _kernel(group, store, new) if group.root is t else t
+
+    return rebuild(graph, store, replace)
 
 
 def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:

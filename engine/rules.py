@@ -19,7 +19,7 @@ YAML with the safe loader and parses expressions with the lark grammar.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -223,6 +223,24 @@ class Graph:
         return counts
 
 
+def rebuild(graph: Graph, store: TermStore,
+            replace: Callable[[Term, dict[Term, Term]], Term | None]) -> Graph:
+    """Rebuild `graph` bottom-up. `replace(t, new)` gives t's replacement (with
+    `new` mapping the terms already visited), or None to keep t, re-made over
+    its replaced arguments. Metadata carries over: replacements keep it."""
+    new: dict[Term, Term] = {}
+    for t in graph.terms():
+        out = replace(t, new)
+        if out is None:
+            if t.args and any(new.get(a, a) is not a for a in t.args):
+                out = store.make(t.op, [new.get(a, a) for a in t.args], t.attrs, meta=t.meta)
+            else:
+                out = t
+        new[t] = out
+    return Graph(tuple(new.get(t, t) for t in graph.inputs),
+                 tuple(None if o is None else new[o] for o in graph.outputs))
+
+
 def render(term: Term, depth: int = 4) -> str:
     """A short, PyTorch-like rendering of a term for logs and errors."""
     if term.op == "const":
