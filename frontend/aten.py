@@ -132,6 +132,9 @@ def _is_scalar(t: Term) -> bool:
     return t.meta.kind != "tensor"
 
 
+# Shape-only views that run as aten.reshape (see Bridge.call_parts).
+RUN_AS_RESHAPE = ("view", "unsafe_view")
+
 # The .Tensor overloads that take a Python number for a later Tensor argument
 # (the others, such as lt.Tensor, reject it and have a .Scalar overload).
 WRAPS_NUMBERS = {"add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor"}
@@ -182,6 +185,13 @@ class Bridge:
         info = self.table.get(term.op)
         if info is None:
             raise KeyError(f"no way to run op {term.op!r}")
+        if term.op in RUN_AS_RESHAPE:
+            # Rewrites keep shapes and dtypes but may change strides (a decomposed
+            # softmax keeps its input's layout where ATen's returns a contiguous
+            # tensor), so a captured view may no longer be possible: reshape is the
+            # same view when it is, and a copy otherwise (graphs are functional).
+            return (torch.ops.aten.reshape.default, [Slot(0), list(term.attr("size"))], {},
+                    list(term.args))
         return self._table_call(info, term)
 
     def _table_call(self, info: OpInfo, term: Term) -> tuple[Any, list[Any], dict[str, Any],

@@ -714,9 +714,13 @@ class _Builder:
         return True
 
 
-def _op_kinds(x: torch.Tensor, allow_conv: bool) -> list[str]:
+def _op_kinds(x: torch.Tensor, allow_conv: bool, computed: bool) -> list[str]:
     r = x.dim()
     kinds = list(UNARY) + list(SCALAR) + list(BINARY) + ["where_s"] + list(REDUCE)
+    if computed and x.dtype in (torch.float16, torch.bfloat16):
+        # A comparison of a computed half-precision value flips on a one-ulp rounding
+        # difference (a decomposition, a kernel computing in float32): a false alarm.
+        kinds = [k for k in kinds if k not in ("where", "where_s")]
     if r >= 1:
         kinds += list(LASTDIM) + ["transpose", "permute", "slice", "select"]
     kinds += ["reshape", "view", "expand", "unsqueeze"]
@@ -756,7 +760,7 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
     shape, r = tuple(x.shape), x.dim()
     dtname = DTYPE_NAMES.get(x.dtype, "f32")
     if kind is None:
-        kind = draw(st.sampled_from(_op_kinds(x, allow_conv)))
+        kind = draw(st.sampled_from(_op_kinds(x, allow_conv, isinstance(b.stmts[ai], Op))))
     p: tuple[Any, ...] = ()
     args: tuple[int, ...] = (ai,)
 

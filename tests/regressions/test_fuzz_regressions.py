@@ -146,7 +146,58 @@ def test_two_outputs_rewritten_into_the_same_input() -> None:
     )), ATEN)
 
 
+def test_output_view_of_another_output_after_merging() -> None:
+    # Found by scripts/fuzz_long.py (seed 71) at ee984ff: x.t().contiguous() computed
+    # twice is one term after hash-consing, and one output is a view of it, so the
+    # two outputs shared memory. Fixed by 698f63e (compiler.py:_outputs_to_clone
+    # compares the outputs' base terms).
+    check_graph(Graph((
+        Input((2, 7)),
+        Op('transpose', (0,), (0, 1)),
+        Op('contiguous', (1,)),
+        Op('view', (2,), (2, 7)),
+        Op('transpose', (0,), (0, 1)),
+        Op('contiguous', (4,)),
+    )), ATEN)
+
+
 # --------------------------------------------------------------------------- decompositions
+# Found by scripts/fuzz_long.py (seed 71, aten). Fixed: view and _unsafe_view now
+# run as aten.reshape (frontend/aten.py:RUN_AS_RESHAPE), the same view when one is
+# possible and a copy otherwise. The cause, as found:
+DECOMPOSITION_STRIDES = (
+    "engine/rewrite.py:_same_value_type accepts a replacement whose strides differ "
+    "('strides may differ'), but a later aten.view depends on them: ATen's softmax, "
+    "log_softmax and native_layer_norm return a contiguous tensor for a transposed "
+    "input, while their decompositions (rules/decompose/norms.yaml: softmax, "
+    "log-softmax, layer-norm*) are pointwise chains that keep the input's transposed "
+    "layout, so the captured `view` that eager could do fails at run time ('view size "
+    "is not compatible with input tensor's size and stride'). The row kernels (OpenMP, "
+    "Triton) allocate a contiguous output, so targets auto and triton pass.")
+
+
+@pytest.mark.parametrize("options", [ATEN, AUTO, TRITON], ids=lambda o: o["target"])
+@pytest.mark.parametrize("op", [Op('log_softmax', (0,)), Op('softmax', (0,)),
+                                Op('layer_norm', (0,), (1e-5,))], ids=lambda o: o.op)
+def test_view_of_a_decomposed_normalization(options: dict, op: Op) -> None:
+    # The shrunk fuzz example used log_softmax over a (1, 2, 7, 2) input.
+    check_graph(Graph((
+        Input((7, 2), 'f32', 't'),  # transposed
+        op,
+        Op('view', (1,), (14,)),
+    )), options)
+
+
+def test_view_of_a_decomposed_normalization_plain() -> None:
+    # The same without the fuzz helpers.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1).view(-1)
+
+    x = torch.randn(2, 7).t()
+    got = rewritec.compile(f, strict=True, target="aten")(x)
+    torch.testing.assert_close(got, f(x))
+
+
 # Found by scripts/fuzz_long.py (seed 51, every target). Not fixed.
 LAYER_NORM_CONSTANT_ROW = (
     "rules/decompose/norms.yaml, layer-norm-no-affine (and layer-norm): "
