@@ -504,6 +504,19 @@ STATS: Counter[str] = Counter()
 # its regression test starts passing. name -> (regex over "Type: message",
 # condition on (graph, options) or None).
 KNOWN_FAILURES: dict[str, tuple[str, Callable[[Graph, dict[str, Any]], bool] | None]] = {
+    # test_one_minus_sin_squared_*
+    "one-minus-sin-squared-cancellation": (
+        r"FuzzFailure: .*Tensor-likes are not close!",
+        lambda g, o: {"sin", "pow", "rsub_s"} <= {op.op for op in g.ops()}),
+    # test_gelu_of_inf_in_kernels
+    "gelu-kernel-of-inf": (
+        r"FuzzFailure: .*Tensor-likes are not close!.*difference: nan",
+        lambda g, o: o.get("target") != "aten" and any(op.op == "gelu" for op in g.ops())
+        and any(s.values == "special" for _, s in g.inputs())),
+    # test_bfloat16_store_rounds_to_nearest_in_triton (broad: any bfloat16 mismatch there)
+    "triton-interpreter-truncates-bfloat16": (
+        r"FuzzFailure: .*Tensor-likes are not close!",
+        lambda g, o: o.get("target") == "triton" and least_precise(g) == "bf16"),
     # test_layer_norm_of_a_constant_row
     "layer-norm-decomposition-on-a-constant-row": (
         r"FuzzFailure: .*Tensor-likes are not close!",
