@@ -211,7 +211,8 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
     values = {n: _operand(a, names, target, single) for n, a in
               zip(info.args, t.args, strict=True)}
     for k, v in t.attrs:
-        if k in info.attrs and k not in values and k not in info.kernel_when:
+        if k in info.attrs and k not in values and k not in info.kernel_when \
+                and "{" + k + "}" in fmt:
             values[k] = literal(v, target, single) if v is not None else "None"
     return "(" + fmt.format(**values) + ")"
 
@@ -248,6 +249,9 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     for k, v in (() if t.op in ROW_REDUCTIONS else t.attrs):
         if k in info.kernel_when:
             continue
+        if k == "memory_format" and repr(v).removeprefix("torch.") in ("contiguous_format",
+                                                                        "'contiguous_format'"):
+            continue  # a kernel's output is contiguous: `.contiguous()` is a copy kernel
         if k in info.attrs and not isinstance(v, bool | int | float) and v is not None:
             return False
         if k in info.attrs and v is None and ("{" + k + "}") in (info.triton or "") + (info.cpp or ""):
@@ -337,12 +341,10 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
                     e = f"{e} / n_cols"
             else:
                 fill = "float('-inf')" if t.op == "amax" else "float('inf')"
-                fn = "tl.max" if t.op == "amax" else "tl.min"
-                # tl.max drops nan; torch.amax returns nan for a row that has one
-                stmts.append(f"{names[t]}_nan = tl.sum(tl.where(mask & ({src} != {src}), 1, 0),"
-                             f" axis=0) > 0")
-                e = (f"tl.where({names[t]}_nan, float('nan'), "
-                     f"{fn}(tl.where(mask, {src}, {fill}), axis=0))")
+                # tl.max drops nan; torch.amax returns nan for a row that has one, so
+                # the template's combine functions propagate it (one reduction, not two)
+                fn = "_max_propagate_nan" if t.op == "amax" else "_min_propagate_nan"
+                e = f"tl.reduce(tl.where(mask, {src}, {fill}), 0, {fn})"
             stmts.append(f"{names[t]} = {e}")
         else:
             stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")

@@ -96,6 +96,10 @@ def to_torch_attr(value: Any, arg_type: Any = None) -> Any:
     if isinstance(value, str) and value in TORCH_DTYPES and arg_type is not None \
             and str(arg_type.type) in ("int", "Optional[int]"):
         return TORCH_DTYPES[value]
+    # rule examples spell memory formats by name: memory_format=contiguous_format
+    if isinstance(value, str) and getattr(arg_type, "name", None) == "memory_format" \
+            and isinstance(getattr(torch, value, None), torch.memory_format):
+        return getattr(torch, value)
     if isinstance(value, tuple):
         return [to_torch_attr(v, None) for v in value]
     if isinstance(value, Opaque):

@@ -175,3 +175,22 @@ def test_kernel_source_names_rule_and_template(tmp_path) -> None:
     assert "rule: fuse-row @ rules/fuse/kernels.yaml:" in source
     assert "template: templates/openmp/row.cpp.j2" in source
     assert kernel["replaced_ops"] >= 5
+
+
+# ------------------------------------------------------------------ copy kernels
+@pytest.mark.parametrize("target", ["openmp", "triton"])
+@pytest.mark.parametrize("shape,perm", [((7, 5), (1, 0)), ((2, 33, 3, 8), (0, 2, 1, 3)),
+                                        ((4, 1, 6), (2, 0, 1))])
+def test_contiguous_copy_kernel(target: str, shape: tuple[int, ...], perm: tuple[int, ...]) -> None:
+    """`.contiguous()` of a permuted view (attention's head transposes) is one copy
+    kernel (rule fuse-copy) whose output is contiguous like eager's."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.permute(*perm).contiguous()
+
+    x = torch.randn(*shape)
+    got = rewritec.compile(f, target=target)(x)
+    torch.testing.assert_close(got, f(x))
+    assert got.is_contiguous()
+    kernels = [k for r in report.RECORDS for k in r.kernels]
+    assert [k["rules"] for k in kernels] == [["fuse-copy"]]
