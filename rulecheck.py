@@ -141,13 +141,20 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {"rtol": 1e-4, "atol": 1e-5}
 
 
-def example_target() -> str:
+def example_target(rule: Rule | None = None) -> str:
     """The kernel target fuse rules' examples are rendered for: REWRITEC_TARGET when
-    it names one (triton needs a GPU or TRITON_INTERPRET=1), else OpenMP C++."""
+    it names one (triton needs a GPU or TRITON_INTERPRET=1), else OpenMP C++, or
+    Triton for a template that only Triton has (the matmul)."""
     import os
 
+    from .codegen.templates import has_template
+
     forced = os.environ.get("REWRITEC_TARGET", "")
-    return forced if forced in ("openmp", "triton") else "openmp"
+    if forced in ("openmp", "triton"):
+        return forced
+    if rule is not None and rule.template and not has_template(f"openmp/{rule.template}.cpp.j2"):
+        return "triton"
+    return "openmp"
 
 
 def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
@@ -157,7 +164,7 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     from .compiler import compilable
 
     graph, store, bridge, values = build_example(rule, example, seed=index, special=special)
-    target = example_target()
+    target = example_target(rule)
     try:
         result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
                               is_frozen=is_frozen,

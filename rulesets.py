@@ -77,6 +77,14 @@ def cmd_rules(args: argparse.Namespace) -> int:
             print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}")
         print(f"\n{len(rules)} rules")
         return 0
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        # Examples of Triton-only templates (the matmul) run through Triton's
+        # interpreter on a machine without a GPU; it must be chosen before import.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from .rulecheck import check_rules, test_rules
 
     if args.action == "check":

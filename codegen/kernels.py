@@ -23,11 +23,11 @@ from typing import Any
 
 import sympy
 
-from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dim
+from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms, reduced_dim
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .build import vector_math_decls
-from .templates import render_template
+from .templates import has_template, render_template
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
                  "f64": "tl.float64", "b8": "tl.int1"}
@@ -51,7 +51,7 @@ class KInput:
 @dataclass
 class KernelSpec:
     name: str
-    kind: str  # pointwise | row
+    kind: str  # pointwise | row | matmul
     rule: str
     location: str
     template: str
@@ -72,10 +72,15 @@ class KernelSpec:
 
 
 def kernel_kind(term: Term) -> str:
-    return "row" if term.attr("template") == "row" else "pointwise"
+    template = term.attr("template")
+    return template if template in ("row", "matmul") else "pointwise"
 
 
 def spec_of(term: Term, index: int) -> KernelSpec:
+    if kernel_kind(term) == "matmul":
+        from .matmul import matmul_spec
+
+        return matmul_spec(term, index)
     body = body_terms(term)
     root = term.attr("body")
     kind = kernel_kind(term)
@@ -240,6 +245,13 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return (src.meta.kind == "tensor" and src.meta.dtype in narrow
                 and t.attr("dtype") in narrow and t.attr("dtype") in dtypes
                 and src.meta.dtype in dtypes and not others and on_device(t, target))
+    if t.op in MATMULS:
+        # only the Triton matmul template computes products; on the CPU they stay with BLAS
+        return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS \
+            and all(a.meta.kind == "tensor" and a.meta.dtype == t.meta.dtype for a in t.args)
+    if t.op in RESHAPES:
+        # inside a matmul kernel a reshape of the product is a renaming (MatmulSpace)
+        return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS
     if t.op in ROW_REDUCTIONS:
         pass  # engine/fuse.py checks the reduction's dims; the template renders it
     elif (info.triton if target == "triton" else info.cpp) is None:
@@ -278,6 +290,13 @@ def on_device(t: Term, target: str) -> bool:
 # ------------------------------------------------------------------ rendering
 def render(spec: KernelSpec, target: str, table: OpTable | None = None) -> str:
     table = table or default_op_table()
+    ext = "py" if target == "triton" else "cpp"
+    if not has_template(f"{target}/{spec.template}.{ext}.j2"):
+        raise RenderError(f"no {target} template templates/{target}/{spec.template}.{ext}.j2")
+    if spec.kind == "matmul":
+        from .matmul import render_matmul
+
+        return render_matmul(spec, table)
     if target == "triton":
         return _render_triton(spec, table)
     return _render_cpp(spec, table)

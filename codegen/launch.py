@@ -22,6 +22,7 @@ from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import TORCH_DTYPES, Bridge
 from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, render, spec_of
+from .matmul import matmul_launch_args
 
 
 class KernelFallback(UserWarning):
@@ -100,6 +101,27 @@ class TritonLauncher(Launcher):
             block = max(16, 1 << (cols - 1).bit_length())
             self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
                                  num_warps=row_warps(block))
+        return out
+
+
+class MatmulLauncher(Launcher):
+    """A matrix product with its epilogue (codegen/matmul.py); Triton only."""
+
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
+        self.spec = spec
+        self.kernel = kernel
+        self.fallback = fallback
+
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+        args, out, tile = matmul_launch_args(self.spec, inputs)
+        m, n = args[0], args[1]
+        if out.numel() == 0 or args[2] == 0:
+            return self.fallback(*inputs)  # empty products: nothing to tile
+        grid = (triton_cdiv(m, tile.block_m) * triton_cdiv(n, tile.block_n),)
+        self.kernel[grid](*inputs, out, *args, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                          BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+                          num_warps=tile.num_warps, num_stages=tile.num_stages)
         return out
 
 
@@ -202,7 +224,8 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
             fallback = aten_body(t, bridge or Bridge())
             if target == "triton":
                 fn, path = load_triton(source, spec.name)
-                launcher: Launcher = TritonLauncher(spec, fn, fallback)
+                launcher: Launcher = (MatmulLauncher if spec.kind == "matmul"
+                                      else TritonLauncher)(spec, fn, fallback)
             else:
                 fn, path = build_cpp(source, spec.name)
                 launcher = CppLauncher(spec, fn, fallback)

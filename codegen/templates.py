@@ -22,5 +22,9 @@ def environment() -> jinja2.Environment:
     )
 
 
+def has_template(template: str) -> bool:
+    return (TEMPLATES_DIR / template).is_file()
+
+
 def render_template(template: str, /, **context: Any) -> str:
     return environment().get_template(template).render(**context)

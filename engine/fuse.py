@@ -9,7 +9,8 @@ producers while:
 - the producer fits the group's iteration space (`SPACES[template]`);
 - the code generator can compile it (`can_compile`, from the target).
 Then the rule's guards decide, with `root`, `ops` (the group's op count) and
-`reductions` bound. A group becomes one `kernel` term whose operands are the
+`reductions` bound. A matmul group (`MatmulSpace`) holds one matrix product and its epilogue and
+never grows into the product's operands. A group becomes one `kernel` term whose operands are the
 group's inputs and whose `body` attribute is the group itself over `arg`
 placeholders; `codegen/` renders it with the rule's template.
 """
@@ -96,7 +97,53 @@ class RowSpace:
         return shape in (self.shape, self.per_row())
 
 
-SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace}
+# Matrix products a matmul kernel computes (2-d, with addmm's bias in its epilogue).
+MATMULS = ("mm", "addmm")
+# Reshapes a matmul kernel's epilogue may see through: [M, N] -> [..., N].
+RESHAPES = ("view", "reshape", "unsafe_view")
+
+
+class MatmulSpace:
+    """One matrix product [M, K] @ [K, N] and the pointwise epilogue on its result,
+    in the root's shape S: S is [M, N], or [..., N] when a reshape splits M (a
+    Linear on a 3-d input). The product's operands are the kernel's inputs: the
+    group never grows past the matmul (`stops_at`)."""
+
+    def __init__(self, root: Term) -> None:
+        self.shape = tuple(root.meta.shape)
+        self.mm: Term | None = None
+
+    def stops_at(self, t: Term) -> bool:
+        return t.op in MATMULS
+
+    def fits(self, t: Term) -> bool:
+        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS or len(self.shape) < 2:
+            return False
+        if t.op in MATMULS:
+            ok = self.mm is None and t.meta.rank == 2 and _static(t.meta.shape) \
+                and _static(self.shape) and tuple(t.meta.shape) == self._flat()
+            if ok:
+                self.mm = t
+            return ok
+        if t.op in RESHAPES:
+            # only the reshape right above the product, from [M, N] to S
+            return self.mm is None and tuple(t.meta.shape) == self.shape \
+                and tuple(t.args[0].meta.shape) == self._flat() and t.args[0].op in MATMULS
+        return tuple(t.meta.shape) == self.shape and t.op not in ROW_REDUCTIONS
+
+    def _flat(self) -> tuple[Any, ...]:
+        m = 1
+        for s in self.shape[:-1]:
+            m *= s
+        return (m, self.shape[-1])
+
+
+def _static(shape: Any) -> bool:
+    return all(isinstance(s, int) for s in shape)
+
+
+SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace,
+                                            "matmul": MatmulSpace}
 
 
 @dataclass
@@ -155,6 +202,8 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list
     while changed:
         changed = False
         for m in list(members):
+            if getattr(space, "stops_at", None) and space.stops_at(m):
+                continue
             for a in m.args:
                 if a in members or a in owner or a in outputs:
                     continue
@@ -167,7 +216,8 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list
                     members.add(a)
                     changed = True
     env = {"root": root, "ops": len(members),
-           "reductions": sum(m.op in ROW_REDUCTIONS for m in members)}
+           "reductions": sum(m.op in ROW_REDUCTIONS for m in members),
+           "matmuls": sum(m.op in MATMULS for m in members)}
     try:
         if not all(guards.check(g, env) for g, _ in rule.guards):
             return None

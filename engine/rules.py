@@ -32,7 +32,7 @@ from .pattern import Compiler, Pattern, PCat, POp
 from .yamlio import load_yaml
 
 KINDS = ("decompose", "simplify", "fold", "fuse")
-FUSE_GUARD_NAMES = ("root", "ops", "reductions")
+FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls")
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
              "no_match", "fp_exact", "overrides", "template", "grow"}
@@ -278,7 +278,8 @@ TEMPLATE_FILES = ("triton/{}.py.j2", "openmp/{}.cpp.j2")
 
 def _check_template(template: Any, where: Where) -> None:
     """A fuse rule names a kernel template: templates/triton/NAME.py.j2 for the GPU
-    and templates/openmp/NAME.cpp.j2 for the CPU must both exist."""
+    and/or templates/openmp/NAME.cpp.j2 for the CPU. A template for one target only
+    (the Triton matmul) leaves the other target's groups on ATen."""
     templates = Path(__file__).resolve().parent.parent / "templates"
     if not isinstance(template, str) or not template:
         raise RuleError("a fuse rule names its `template:` (e.g. `pointwise`)", where)
@@ -287,7 +288,7 @@ def _check_template(template: Any, where: Where) -> None:
                         "digits, '_'), e.g. `pointwise`", where)
     missing = [f.format(template) for f in TEMPLATE_FILES
                if not (templates / f.format(template)).is_file()]
-    if missing:
+    if len(missing) == len(TEMPLATE_FILES):
         raise RuleError(f"no template {template!r}: missing templates/"
                         f"{' and templates/'.join(missing)}", where)
 
