@@ -212,10 +212,14 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         from .frontend.fold import is_frozen, make_folder
         from .rulesets import ruleset_for
 
+        from .codegen.layout import relayout_for
+
         target = choose_target(opts, graph)
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
                               folder=make_folder(conv.store, bridge), is_frozen=is_frozen,
-                              can_compile=compilable(target))
+                              can_compile=compilable(target),
+                              relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
+                                                    bridge, rec.layout))
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason
