@@ -208,11 +208,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     rec.nodes_in = len(graph.terms())
     aliased_before = [_input_alias(o) for o in graph.outputs]
     if opts.rewrite:
+        from .codegen.layout import relayout_for
         from .engine.pipeline import run_pipeline
         from .frontend.fold import is_frozen, make_folder
         from .rulesets import ruleset_for
-
-        from .codegen.layout import relayout_for
 
         target = choose_target(opts, graph)
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,

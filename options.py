@@ -60,7 +60,8 @@ class Options:
     disable: tuple[str, ...] = field(default_factory=tuple)
     # Memory layout of 4-d convolutions (codegen/layout.py): channels_last (NHWC,
     # where cuDNN is fastest), keep (as captured), or auto: channels_last for
-    # inference graphs on CUDA, keep elsewhere.
+    # inference graphs on CUDA where the convolutions save more than the layout
+    # copies around them cost, keep elsewhere.
     conv_layout: str = "auto"
 
     @classmethod

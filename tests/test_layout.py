@@ -90,10 +90,11 @@ def _layouts() -> list[dict[str, Any]]:
     return [r.layout for r in report.RECORDS]
 
 
-def _check_eval(m: nn.Module, x: torch.Tensor, target: str) -> Any:
+def _check_eval(m: nn.Module, x: torch.Tensor, target: str,
+                layout: str = "channels_last") -> Any:
     """Compiled == eager (values and strides) under no_grad; returns the output."""
     m = _randomize_bn(m).eval()
-    compiled = _compile(m, target)
+    compiled = _compile(m, target, layout)
     with no_fallback(("inference",)), torch.no_grad():
         got, want = compiled(x), m(x)
     torch.testing.assert_close(got, want, **tol(x.dtype))
@@ -241,6 +242,36 @@ def test_option_off_on_cpu(layout: str) -> None:
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), m(x))
     assert _layouts() == [{}]  # keep: no layout phase; auto: CUDA only
+
+
+class ConvChain(nn.Module):
+    def __init__(self, channels: int = 4, depth: int = 3) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(channels, channels, 3, padding=1)
+                                   for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return x
+
+
+@pytest.mark.parametrize(("model", "expected"), [(ConvBnReLU, "keep"), (BasicBlock, "keep"),
+                                                 (ConvChain, "channels_last")])
+def test_auto_converts_where_it_pays_off(model: type, expected: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # auto on CUDA, tried on the CPU: a lone conv pays for its input's conversion
+    # and its output's restore without gaining enough; a chain of three gains.
+    from rewritec.codegen import layout
+
+    monkeypatch.setattr(layout, "AUTO_DEVICES", ("cuda", "cpu"))
+    c_in = 3 if model is ConvBnReLU else 4
+    _check_eval(model(c_in) if model is ConvBnReLU else model(4), torch.randn(2, c_in, 6, 6),
+                "openmp" if cxx() else "aten", layout="auto")
+    [record] = _layouts()
+    assert record["conv_layout"] == expected
+    if expected == "keep":
+        assert "cost more than NHWC convolutions save" in record["reason"]
 
 
 def test_option_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
