@@ -208,6 +208,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     rec.nodes_in = len(graph.terms())
     aliased_before = [_input_alias(o) for o in graph.outputs]
     if opts.rewrite:
+        from .codegen.layout import relayout_for
         from .engine.pipeline import run_pipeline
         from .frontend.fold import is_frozen, make_folder
         from .rulesets import ruleset_for
@@ -215,7 +216,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         target = choose_target(opts, graph)
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
                               folder=make_folder(conv.store, bridge), is_frozen=is_frozen,
-                              can_compile=compilable(target))
+                              can_compile=compilable(target),
+                              relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
+                                                    bridge, rec.layout))
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason

@@ -4,7 +4,8 @@ Given as `rewritec.compile(model, **options)`, `torch.compile(model,
 backend="rewritec", options={...})`, or CLI flags. Environment variables
 fill in what the call leaves out: REWRITEC_RULES (extra rule paths, separated
 by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET,
-REWRITEC_STATS=1 (print per-rule statistics when the process exits).
+REWRITEC_STATS=1 (print per-rule statistics when the process exits),
+REWRITEC_CONV_LAYOUT (auto, channels_last or keep).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from .engine.errors import RewritecError
 
 TARGETS = ("auto", "aten", "triton", "openmp")
+CONV_LAYOUTS = ("auto", "channels_last", "keep")
 
 
 def _print_stats_at_exit() -> None:
@@ -56,6 +58,11 @@ class Options:
     fast_math: bool = False
     # Names of rules to leave out.
     disable: tuple[str, ...] = field(default_factory=tuple)
+    # Memory layout of 4-d convolutions (codegen/layout.py): channels_last (NHWC,
+    # where cuDNN is fastest), keep (as captured), or auto: channels_last for
+    # inference graphs on CUDA where the convolutions save more than the layout
+    # copies around them cost, keep elsewhere.
+    conv_layout: str = "auto"
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
@@ -76,6 +83,10 @@ class Options:
         given.setdefault("target", os.environ.get("REWRITEC_TARGET", "auto"))
         if given["target"] not in TARGETS:
             raise RewritecError(f"target must be one of {TARGETS}, not {given['target']!r}")
+        given.setdefault("conv_layout", os.environ.get("REWRITEC_CONV_LAYOUT", "auto") or "auto")
+        if given["conv_layout"] not in CONV_LAYOUTS:
+            raise RewritecError(f"conv_layout must be one of {CONV_LAYOUTS}, "
+                                f"not {given['conv_layout']!r}")
         if "disable" in given:
             given["disable"] = tuple(given["disable"])
         return cls(**given)

@@ -23,6 +23,8 @@ class GraphRecord:
     kernels: list[dict[str, Any]] = field(default_factory=list)
     fallback_ops: Counter[str] = field(default_factory=Counter)
     stop_reason: str | None = None
+    # What the layout phase did (codegen/layout.py): conv_layout, counts, or why not.
+    layout: dict[str, Any] = field(default_factory=dict)
     compile_seconds: float = 0.0
     files: dict[str, str] = field(default_factory=dict)
 

@@ -96,11 +96,15 @@ def spec_of(term: Term, index: int) -> KernelSpec:
     # strides), so inputs are read flat only when `dim` already is last.
     last = dim is None or dim == rank - 1
     per_row_shape = shape[:dim] + (1,) + shape[dim + 1:] if dim is not None else None
+    # Pointwise kernels run in the memory order of their output's layout (the
+    # strides ATen gives the root, e.g. NHWC after a channels_last convolution):
+    # the launcher allocates the output so and permutes sizes and strides to it.
+    order = None if kind == "row" else dense_order(root.meta.shape, root.meta.strides)
     inputs = []
     for i, a in enumerate(term.args):
         ashape = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
         per_row = dim is not None and ashape[dim] == 1 and shape[dim] != 1
-        flat = last and a.meta.rank == rank and _contiguous(a) and (
+        flat = last and a.meta.rank == rank and _contiguous(a, order) and (
             ashape == shape or (per_row and ashape == per_row_shape))
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank))
     ops = [t for t in body if t.op not in ("arg", "const")]
@@ -112,7 +116,7 @@ def spec_of(term: Term, index: int) -> KernelSpec:
                       inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
                       rank=rank, replaced_ops=len(ops),
                       per_row_out=kind == "row" and tuple(root.meta.shape) != shape,
-                      meta={"dim": dim, "shape": shape})
+                      meta={"dim": dim, "shape": shape, "order": order})
 
 
 def _key(t: Term) -> Any:
@@ -123,13 +127,41 @@ def _key(t: Term) -> Any:
     return (t.op, tuple(k for k, _ in t.attrs), repr([v for _, v in t.attrs]))
 
 
-def _contiguous(t: Term) -> bool:
+def _contiguous(t: Term, order: tuple[int, ...] | None = None) -> bool:
+    """Is `t` dense in the dim order `order` (outermost first; None: 0, 1, ...)?"""
+    if len(t.meta.strides) != len(t.meta.shape):
+        return False
+    dims = order if order is not None and len(order) == t.meta.rank else range(t.meta.rank)
     expected: Any = 1
-    for size, stride in reversed(list(zip(t.meta.shape, t.meta.strides, strict=False))):
+    for k in reversed(list(dims)):
+        size, stride = t.meta.shape[k], t.meta.strides[k]
         if size != 1 and stride != expected:
             return False
         expected = expected * size
-    return len(t.meta.strides) == len(t.meta.shape)
+    return True
+
+
+def dense_order(shape: tuple[Any, ...], strides: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The dims from outermost to innermost in memory when `strides` lay `shape`
+    out densely (a permutation of a contiguous tensor: (0, 2, 3, 1) is NHWC),
+    else None. Size-1 dims go where they reproduce the given strides, in dim
+    order where any place would; sizes may be symbolic (compared as expressions)."""
+    if len(strides) != len(shape):
+        return None
+    left = list(range(len(shape)))
+    inner: list[int] = []  # innermost first
+    expected: Any = 1
+    while left:
+        here = [d for d in left if strides[d] == expected]
+        ones = sorted((d for d in here if shape[d] == 1), reverse=True)
+        big = [d for d in here if shape[d] != 1]
+        if len(big) > 1 or not here:
+            return None
+        inner += ones + big
+        left = [d for d in left if d not in here]
+        if big:
+            expected = expected * shape[big[0]]
+    return tuple(reversed(inner))
 
 
 # ------------------------------------------------------------------ index expressions
@@ -259,11 +291,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     if any(t.attr(k) != v for k, v in info.kernel_when.items()):
         return False
     for k, v in (() if t.op in ROW_REDUCTIONS else t.attrs):
-        if k in info.kernel_when:
-            continue
-        if k == "memory_format" and repr(v).removeprefix("torch.") in ("contiguous_format",
-                                                                        "'contiguous_format'"):
-            continue  # a kernel's output is contiguous: `.contiguous()` is a copy kernel
+        if k in info.kernel_when or k == "memory_format":
+            continue  # a layout, not a value: the launcher gives the output the root's strides
         if k in info.attrs and not isinstance(v, bool | int | float) and v is not None:
             return False
         if k in info.attrs and v is None and ("{" + k + "}") in (info.triton or "") + (info.cpp or ""):

@@ -153,25 +153,33 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
     if dim is not None and shape[dim] == 1:
         # every input is one value per row: the row length comes from the graph
         shape[dim] = int(spec.meta.get("cols", 1))
-    perm = list(range(len(shape)))
+    order = spec.meta.get("order")
+    perm = list(order) if order is not None and len(order) == len(shape) else \
+        list(range(len(shape)))
     if dim is not None:
         perm = [k for k in perm if k != dim] + [dim]
     space = tuple(shape[k] for k in perm)
+    permuted = perm != list(range(len(perm)))
     device = inputs[0].device if inputs else torch.device("cpu")
     keep = list(shape)
     if dim is not None:
         keep[dim] = 1
     if spec.per_row_out:
         out = torch.empty(keep, dtype=out_dtype, device=device)
-    elif dim is not None:
-        # laid out with the reduced dim innermost, seen in the graph's dim order
+    elif permuted:
+        # laid out in the space's order (a row kernel's reduced dim innermost, or the
+        # root's layout in the graph, e.g. NHWC), seen in the graph's dim order
         inverse = [perm.index(k) for k in range(len(perm))]
         out = torch.empty(space, dtype=out_dtype, device=device).permute(inverse)
     else:
         out = torch.empty(shape, dtype=out_dtype, device=device)
     tensors, strides = [], []
     for x, inp in zip(inputs, spec.inputs, strict=True):
-        if inp.flat:
+        if inp.flat and permuted:
+            # read flat in the space's order: x laid out densely in that order
+            xp = x.permute(perm)
+            tensors.append(xp if xp.is_contiguous() else xp.contiguous())
+        elif inp.flat:
             tensors.append(x.contiguous())
         else:
             st = x.expand(keep if inp.per_row else shape).stride()
@@ -250,7 +258,8 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
             path = copy
         prepared.records.append({"name": spec.name, "target": target, "source": str(path),
                                  "rules": [spec.rule], "template": f"{target}/{spec.template}",
-                                 "replaced_ops": spec.replaced_ops})
+                                 "replaced_ops": spec.replaced_ops,
+                                 "order": spec.meta.get("order")})
     if failed:
         prepared.graph = _substitute(graph, store, failed)
     return prepared

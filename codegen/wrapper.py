@@ -68,7 +68,7 @@ class Emitter:
             return "[" + ", ".join(self.literal(x) for x in v) + "]"
         if isinstance(v, tuple):
             return "(" + "".join(self.literal(x) + ", " for x in v) + ")"
-        if isinstance(v, torch.dtype):
+        if isinstance(v, torch.dtype | torch.memory_format):
             return f"torch.{str(v).removeprefix('torch.')}"
         return self.bind(v)
 

@@ -34,6 +34,10 @@ PHASES: tuple[Phase, ...] = (
     Phase("simplify", ("simplify", "fold"),
           "cancel and fold: identities, view chains, conv+bn in eval, and constant "
           "subexpressions over frozen parameters", fold_constants=True),
+    Phase("layout", (),
+          "choose memory layouts (channels_last convolutions); after folding, so the conv "
+          "weights it converts are final constants, and before fusion, so kernels see the "
+          "layouts they read and write. The target supplies it (codegen/layout.py)"),
     Phase("fuse", ("fuse",),
           "group pointwise chains, reductions and epilogues into kernels; runs last so it "
           "sees the simplified graph"),
@@ -52,11 +56,14 @@ class PipelineResult:
 def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  table: OpTable | None = None, folder: Folder | None = None,
                  is_frozen: Callable[[Term], bool] | None = None,
-                 can_compile: Callable[[Term], bool] | None = None, debug: int = 0,
+                 can_compile: Callable[[Term], bool] | None = None,
+                 relayout: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
                  phases: tuple[Phase, ...] = PHASES) -> PipelineResult:
-    """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget."""
+    """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget.
+
+    `relayout(graph) -> (graph, summary)` is the layout phase (None: layouts stay)."""
     table = table or default_op_table()
     log = log or (lambda line: print(f"[rewritec] {line}"))
     fired: Counter[str] = Counter()
@@ -64,6 +71,16 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
     phase_log: list[str] = []
     reasons = []
     for phase in phases:
+        if phase.name == "layout":
+            if relayout is not None:
+                start = time.perf_counter()
+                graph, summary = relayout(graph)
+                line = (f"phase layout: {summary}, "
+                        f"{1000 * (time.perf_counter() - start):.1f} ms")
+                phase_log.append(line)
+                if debug >= 1:
+                    log(line)
+            continue
         phase_rules = [r for r in rules if r.kind in phase.kinds]
         if not phase_rules and not (phase.fold_constants and folder):
             continue

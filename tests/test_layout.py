@@ -1,0 +1,299 @@
+"""The layout phase (codegen/layout.py): convolutions in channels_last.
+
+`auto` converts on CUDA only, so these tests force `conv_layout="channels_last"`
+on the CPU: the compiled model must compute what eager computes, hand back
+outputs with eager's strides, and the change must really have happened (the
+compile report's `layout` entry and the generated wrapper say so). Kernels run
+for both targets: OpenMP, and Triton through its interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from models import no_fallback, tol
+from rewritec import report
+from rewritec.codegen.build import cxx
+from rewritec.codegen.kernels import dense_order
+from rewritec.options import Options
+from torch import nn
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+TARGETS = [
+    pytest.param("openmp", marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
+    pytest.param("triton", marks=pytest.mark.skipif(
+        not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")),
+]
+
+
+# --------------------------------------------------------------------------- models
+class ConvBnReLU(nn.Module):
+    def __init__(self, c_in: int = 3, c_out: int = 8, bias: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=bias)
+        self.bn = nn.BatchNorm2d(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.conv(x)))
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block (identity shortcut)."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + x)
+
+
+class ConvResidual(nn.Module):
+    """A convolution with bias, a residual add and a second output (a view)."""
+
+    def __init__(self, channels: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.sigmoid(self.conv(x)) * 2.0 + x
+        return y, y.flatten(2)
+
+
+def _randomize_bn(m: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for bn in m.modules():
+            if isinstance(bn, nn.BatchNorm2d):
+                bn.running_mean.uniform_(-1, 1)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-0.5, 0.5)
+    return m
+
+
+# --------------------------------------------------------------------------- helpers
+def _compile(m: Any, target: str, layout: str = "channels_last") -> Any:
+    return torch.compile(m, backend="rewritec", options={
+        "strict": True, "target": target, "conv_layout": layout})
+
+
+def _layouts() -> list[dict[str, Any]]:
+    return [r.layout for r in report.RECORDS]
+
+
+def _check_eval(m: nn.Module, x: torch.Tensor, target: str,
+                layout: str = "channels_last") -> Any:
+    """Compiled == eager (values and strides) under no_grad; returns the output."""
+    m = _randomize_bn(m).eval()
+    compiled = _compile(m, target, layout)
+    with no_fallback(("inference",)), torch.no_grad():
+        got, want = compiled(x), m(x)
+    torch.testing.assert_close(got, want, **tol(x.dtype))
+    for g, w in zip(_leaves(got), _leaves(want), strict=True):
+        assert g.stride() == w.stride(), f"strides {g.stride()} != eager's {w.stride()}"
+    return got
+
+
+def _leaves(out: Any) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+# --------------------------------------------------------------------------- eval
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_bn_relu_eval(target: str) -> None:
+    _check_eval(ConvBnReLU(), torch.randn(2, 3, 8, 8), target)
+    [layout] = _layouts()
+    # the frozen weight is converted once, the input per call, the output restrided
+    assert layout == {"conv_layout": "channels_last", "convolutions": 1,
+                      "inputs_converted_per_call": 1, "weights_converted_once": 1,
+                      "outputs_restrided": 1}
+    # the restride is the last kernel's store, not a copy after it
+    assert report.RECORDS[0].fallback_ops == {"clone": 1, "convolution": 1}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_resnet_basic_block_eval(target: str) -> None:
+    _check_eval(BasicBlock(), torch.randn(2, 8, 6, 6), target)
+    [layout] = _layouts()
+    # the second convolution reads the first one's NHWC output: no conversion
+    assert layout["convolutions"] == 2 and layout["inputs_converted_per_call"] == 1
+    assert layout["weights_converted_once"] == 2 and layout["outputs_restrided"] == 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_bias_residual_add(target: str) -> None:
+    y, flat = _check_eval(ConvResidual(), torch.randn(2, 4, 5, 6), target)
+    assert flat._base is y  # still a view of the first output, as in eager
+    [layout] = _layouts()
+    assert layout["conv_layout"] == "channels_last" and layout["outputs_restrided"] == 1
+    # restored once, at the views' base, by the kernel's store: the only ATen clone
+    # is the input's conversion
+    assert report.RECORDS[0].fallback_ops["clone"] == 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_odd_size_three_channels(target: str) -> None:
+    _check_eval(ConvBnReLU(c_in=3, c_out=5, bias=True), torch.randn(1, 3, 7, 5), target)
+    assert _layouts()[0]["convolutions"] == 1
+
+
+class ConvSiluConv(nn.Module):
+    def __init__(self, channels: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(F.silu(self.conv1(x)) * 0.5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_kernel_between_convolutions_runs_in_nhwc(target: str) -> None:
+    # The pointwise kernel between the convolutions iterates in NHWC order and
+    # writes NHWC, so the second convolution needs no conversion.
+    _check_eval(ConvSiluConv(), torch.randn(2, 4, 5, 7), target)
+    [layout] = _layouts()
+    assert layout["convolutions"] == 2 and layout["inputs_converted_per_call"] == 1
+    assert [k["order"] for k in report.RECORDS[0].kernels] == [(0, 2, 3, 1)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dynamic_shapes(target: str) -> None:
+    # Symbolic sizes: strides are expressions, and views with symbolic sizes
+    # (generic aten.view) run as reshape over the NHWC values.
+    for m in (_randomize_bn(BasicBlock(4)).eval(), ConvResidual(4).eval()):
+        torch._dynamo.reset()
+        report.reset()
+        compiled = torch.compile(m, backend="rewritec", dynamic=True, options={
+            "strict": True, "target": target, "conv_layout": "channels_last"})
+        with torch.no_grad():
+            for n, h in ((2, 5), (3, 6)):
+                x = torch.randn(n, 4, h, 7)
+                for g, w in zip(_leaves(compiled(x)), _leaves(m(x)), strict=True):
+                    torch.testing.assert_close(g, w, **tol(x.dtype))
+                    assert g.stride() == w.stride()
+        assert {r.layout.get("conv_layout") for r in report.RECORDS} == {"channels_last"}
+
+
+def test_channels_last_input_needs_no_conversion() -> None:
+    # The caller's tensor already is NHWC: eager's output is NHWC too, and kept.
+    x = torch.randn(2, 3, 7, 5).contiguous(memory_format=torch.channels_last)
+    _check_eval(ConvBnReLU(), x, "openmp" if cxx() else "aten")
+    [layout] = _layouts()
+    assert "inputs_converted_per_call" not in layout and "outputs_restrided" not in layout
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_wrapper_converts_once(target: str, tmp_path: Any) -> None:
+    m = _randomize_bn(BasicBlock()).eval()
+    compiled = torch.compile(m, backend="rewritec", options={
+        "strict": True, "target": target, "conv_layout": "channels_last",
+        "out_dir": str(tmp_path)})
+    with torch.no_grad():
+        compiled(torch.randn(1, 8, 4, 4))
+    source = (tmp_path / f"{report.RECORDS[0].name}.wrapper.py").read_text()
+    assert source.count("memory_format=torch.channels_last") == 1
+    assert source.count("aten.convolution.default") == 2
+
+
+# --------------------------------------------------------------------------- training
+@pytest.mark.parametrize("target", TARGETS)
+def test_training_forward_backward(target: str) -> None:
+    torch.manual_seed(0)
+    m = BasicBlock(channels=4).train()
+    eager = BasicBlock(channels=4).train()
+    eager.load_state_dict(m.state_dict())
+    compiled = _compile(m, target)
+    x = torch.randn(2, 4, 5, 5)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with no_fallback(("forward", "backward")):
+        out_c, out_e = compiled(xc), eager(xe)
+        torch.testing.assert_close(out_c, out_e, **tol(x.dtype))
+        assert out_c.stride() == out_e.stride()
+        grad = torch.randn_like(out_e)
+        out_c.backward(grad)
+        out_e.backward(grad)
+    torch.testing.assert_close(xc.grad, xe.grad, **tol(x.dtype))
+    for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(pc.grad, pe.grad, **tol(x.dtype), msg=name)
+    for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
+        torch.testing.assert_close(bc, be, **tol(x.dtype))
+    forward = [r.layout for r in report.RECORDS if r.kind == "forward"]
+    assert forward and forward[0]["conv_layout"] == "channels_last"
+    # weights are parameters here, not constants: converted on every call
+    assert forward[0]["weights_converted_per_call"] == 2
+
+
+# --------------------------------------------------------------------------- off
+@pytest.mark.parametrize("layout", ["keep", "auto"])
+def test_option_off_on_cpu(layout: str) -> None:
+    m = _randomize_bn(ConvBnReLU()).eval()
+    compiled = _compile(m, "openmp" if cxx() else "aten", layout)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x))
+    assert _layouts() == [{}]  # keep: no layout phase; auto: CUDA only
+
+
+class ConvChain(nn.Module):
+    def __init__(self, channels: int = 4, depth: int = 3) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(channels, channels, 3, padding=1)
+                                   for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return x
+
+
+@pytest.mark.parametrize(("model", "expected"), [(ConvBnReLU, "keep"), (BasicBlock, "keep"),
+                                                 (ConvChain, "channels_last")])
+def test_auto_converts_where_it_pays_off(model: type, expected: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # auto on CUDA, tried on the CPU: a lone conv pays for its input's conversion
+    # and its output's restore without gaining enough; a chain of three gains.
+    from rewritec.codegen import layout
+
+    monkeypatch.setattr(layout, "AUTO_DEVICES", ("cuda", "cpu"))
+    c_in = 3 if model is ConvBnReLU else 4
+    _check_eval(model(c_in) if model is ConvBnReLU else model(4), torch.randn(2, c_in, 6, 6),
+                "openmp" if cxx() else "aten", layout="auto")
+    [record] = _layouts()
+    assert record["conv_layout"] == expected
+    if expected == "keep":
+        assert "cost more than NHWC convolutions save" in record["reason"]
+
+
+def test_option_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REWRITEC_CONV_LAYOUT", "channels_last")
+    assert Options.make().conv_layout == "channels_last"
+    assert Options.make(conv_layout="keep").conv_layout == "keep"
+    monkeypatch.setenv("REWRITEC_CONV_LAYOUT", "nhwc")
+    with pytest.raises(Exception, match="conv_layout must be one of"):
+        Options.make()
+
+
+# --------------------------------------------------------------------------- pieces
+def test_dense_order() -> None:
+    nchw = torch.empty(2, 3, 4, 5)
+    nhwc = nchw.contiguous(memory_format=torch.channels_last)
+    assert dense_order(nchw.shape, nchw.stride()) == (0, 1, 2, 3)
+    assert dense_order(nhwc.shape, nhwc.stride()) == (0, 2, 3, 1)
+    assert dense_order((2, 3), nchw[:, :, 0, :2].stride()) is None  # not dense
+    for shape in [(2, 3, 1, 1), (1, 3, 1, 4), (2, 1, 4, 4)]:
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            t = torch.empty(shape, memory_format=fmt)
+            order = dense_order(t.shape, t.stride())
+            inverse = [order.index(k) for k in range(4)]
+            rebuilt = torch.empty([shape[k] for k in order]).permute(inverse)
+            assert rebuilt.stride() == t.stride(), (shape, fmt)
