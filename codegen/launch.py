@@ -195,17 +195,24 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
             continue
         index = len(prepared.launchers) + len(failed)
         try:
-            spec = spec_of(t, index)
+            reduction = t.attr("template") == "reduction"
+            if reduction:
+                # imported here: codegen/reduction_launch.py builds on this module's Launcher
+                from .reduction import reduction_spec, render_reduction
+                from .reduction_launch import ReductionCppLauncher, ReductionTritonLauncher
+            spec = reduction_spec(t, index) if reduction else spec_of(t, index)
             if spec.kind == "row":
                 spec.meta["cols"] = _static(spec)
-            source = render(spec, target)
+            source = render_reduction(spec, target) if reduction else render(spec, target)
             fallback = aten_body(t, bridge or Bridge())
             if target == "triton":
                 fn, path = load_triton(source, spec.name)
-                launcher: Launcher = TritonLauncher(spec, fn, fallback)
+                launcher: Launcher = ReductionTritonLauncher(
+                    spec, fn, load_triton(source, f"{spec.name}_combine")[0], fallback) \
+                    if reduction else TritonLauncher(spec, fn, fallback)
             else:
                 fn, path = build_cpp(source, spec.name)
-                launcher = CppLauncher(spec, fn, fallback)
+                launcher = (ReductionCppLauncher if reduction else CppLauncher)(spec, fn, fallback)
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
                        f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
