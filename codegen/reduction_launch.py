@@ -41,12 +41,12 @@ class ReductionTritonLauncher(Launcher):
     """The `reduction` template on the GPU. Few outputs and a long reduction
     (`x.sum()`, a bias gradient) would leave most of the GPU idle, so the
     reduction index is split over up to SPLIT_MAX programs per block of
-    outputs, each reducing at least SPLIT_MIN_SLICE elements; NAME_combine
+    outputs, each reading at least SPLIT_MIN_ELEMENTS elements; NAME_combine
     then reduces their partial results (in the compute dtype) and runs the
     epilogue."""
 
     TILE = 4096  # elements per [BLOCK_O, BLOCK_R] accumulator: 16 a thread at 8 warps
-    SPLIT_MIN_SLICE = 4096
+    SPLIT_MIN_ELEMENTS = 16384  # fewer, and the partial results cost more than they save
     SPLIT_MAX = 1024
     PROGRAMS = 4  # programs to aim for per SM (the interpreter: per 32 "SMs")
 
@@ -66,13 +66,11 @@ class ReductionTritonLauncher(Launcher):
             return out
         block_o, block_r = self.blocks(n_out, n_red, inner)
         programs_o = triton_cdiv(n_out, block_o)
-        split = self.split(programs_o, n_red, out.device)
-        per_program = triton_cdiv(triton_cdiv(n_red, split), block_r) * block_r
-        split = triton_cdiv(n_red, per_program) if n_red else 1
+        split, per_program = self.split(programs_o, n_red, block_o, block_r, out.device)
         args = (*tensors, out, *space, *strides, n_out, n_red)
         warps = 8 if block_o * block_r >= 2048 else 4
         if split == 1:
-            self.kernel[(programs_o, 1)](*args, max(n_red, 1), out, SPLIT=False,
+            self.kernel[(programs_o, 1)](*args, per_program, out, SPLIT=False,
                                          BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
             return out
         part = torch.empty((self.spec.meta["accumulators"], split, n_out), dtype=self.compute,
@@ -94,12 +92,16 @@ class ReductionTritonLauncher(Launcher):
         block_o = min(_pow2(n_out), 64)
         return block_o, min(_pow2(n_red), self.TILE // block_o)
 
-    def split(self, programs_o: int, n_red: int, device: torch.device) -> int:
+    def split(self, programs_o: int, n_red: int, block_o: int, block_r: int,
+              device: torch.device) -> tuple[int, int]:
+        """(programs per block of outputs, reduction elements per program: a
+        multiple of BLOCK_R)."""
         target = self.PROGRAMS * _sm_count(device)
-        if programs_o >= target:
-            return 1
-        return max(1, min(triton_cdiv(target, programs_o), n_red // self.SPLIT_MIN_SLICE,
-                          self.SPLIT_MAX))
+        split = 1 if programs_o >= target else max(1, min(
+            triton_cdiv(target, programs_o), n_red * block_o // self.SPLIT_MIN_ELEMENTS,
+            self.SPLIT_MAX))
+        per_program = triton_cdiv(triton_cdiv(max(n_red, 1), split), block_r) * block_r
+        return triton_cdiv(max(n_red, 1), per_program), per_program
 
 
 def _pow2(n: int) -> int:
