@@ -73,7 +73,8 @@ REDUCE_2D = [sum_dim0, sum_last, sum_all, mean_all, amax_all, amin_all_keepdim]
 @pytest.mark.parametrize("fn", REDUCE_2D, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "broadcast"])
 def test_reduction_dims_and_layouts(target: str, fn, layout: str) -> None:
-    _run(fn, target, _layout(layout, (13, 17), torch.float32))
+    # sums of up to 221 values, added in another order than ATen's
+    _run(fn, target, _layout(layout, (13, 17), torch.float32), tol=1e-5)
 
 
 def mean_02(x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +109,7 @@ def test_reduction_dims_of_3d(target: str, fn, layout: str) -> None:
         x = torch.randn(7, 5, 6).permute(1, 2, 0)
     elif layout == "sliced":
         x = torch.randn(5, 12, 7)[:, 1::2]
-    _run(fn, target, x)
+    _run(fn, target, x, tol=1e-5)
 
 
 # ------------------------------------------------------------------ sizes
@@ -167,7 +168,7 @@ def scaled_mean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("fn", [norm_02, sum_over_max, both_phases, scaled_mean],
                          ids=lambda f: f.__name__)
 def test_prologue_and_epilogue(target: str, fn) -> None:
-    _run(fn, target, torch.randn(4, 6, 7), torch.randn(7))
+    _run(fn, target, torch.randn(4, 6, 7), torch.randn(7), tol=1e-5)
 
 
 def test_variance_is_not_one_pass() -> None:
@@ -290,7 +291,8 @@ ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "broadcast"])
 def test_looped_rows(narrow_rows_loop, fn, layout: str) -> None:
     x = _layout(layout, (150, 201) if fn is col_sum else (5, 201), torch.float32)
-    _run(fn, "triton", x, torch.randn(201), template="row_looped")
+    # col_sum adds 150 rows: f32 rounding in another order than ATen's
+    _run(fn, "triton", x, torch.randn(201), template="row_looped", tol=1e-4)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
