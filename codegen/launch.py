@@ -23,6 +23,8 @@ from ..frontend.aten import TORCH_DTYPES, Bridge
 from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, render, spec_of
 from .matmul import matmul_launch_args
+from .reduction import reduction_spec, render_reduction
+from .row_looped import LOOPED_BLOCK_C, looped, render_row_looped
 
 
 class KernelFallback(UserWarning):
@@ -42,7 +44,7 @@ class Launcher:
         if not self.failed:
             try:
                 return self.launch(*inputs)
-            except Exception as e:  # noqa: BLE001 - any launch failure: use ATen
+            except Exception as e:
                 if self.strict:
                     raise
                 self.failed = True
@@ -99,6 +101,8 @@ class TritonLauncher(Launcher):
             cols = space[-1]
             rows = _numel(space) // cols
             block = max(16, 1 << (cols - 1).bit_length())
+            if self.spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
+                block = min(block, LOOPED_BLOCK_C)
             self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
                                  num_warps=row_warps(block))
         return out
@@ -225,18 +229,31 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
             continue
         index = len(prepared.launchers) + len(failed)
         try:
-            spec = spec_of(t, index)
+            reduction = t.attr("template") == "reduction"
+            if reduction:
+                # imported here: codegen/reduction_launch.py builds on this module's Launcher
+                from .reduction_launch import ReductionCppLauncher, ReductionTritonLauncher
+            spec = reduction_spec(t, index) if reduction else spec_of(t, index)
             if spec.kind == "row":
                 spec.meta["cols"] = _static(spec)
-            source = render(spec, target)
+                if target == "triton" and looped(spec):
+                    spec.template = "row_looped"
+            source = (render_reduction(spec, target) if reduction else
+                      render_row_looped(spec) if spec.template == "row_looped" else
+                      render(spec, target))
             fallback = aten_body(t, bridge or Bridge())
             if target == "triton":
                 fn, path = load_triton(source, spec.name)
-                launcher: Launcher = (MatmulLauncher if spec.kind == "matmul"
-                                      else TritonLauncher)(spec, fn, fallback)
+                if spec.kind == "matmul":
+                    launcher: Launcher = MatmulLauncher(spec, fn, fallback)
+                elif reduction:
+                    launcher = ReductionTritonLauncher(
+                        spec, fn, load_triton(source, f"{spec.name}_combine")[0], fallback)
+                else:
+                    launcher = TritonLauncher(spec, fn, fallback)
             else:
                 fn, path = build_cpp(source, spec.name)
-                launcher = CppLauncher(spec, fn, fallback)
+                launcher = (ReductionCppLauncher if reduction else CppLauncher)(spec, fn, fallback)
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
                        f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")

@@ -46,6 +46,25 @@ def reduced_dim(t: Term) -> int | None:
     return dims[0] % rank
 
 
+def reduced_dims(t: Term) -> tuple[int, ...] | None:
+    """The dims (sorted, non-negative) a sum/mean/amax/amin reduces: ATen reads an
+    empty or missing `dim` as every dim (`x.sum()` is `sum(x, dim=())`). None
+    for other ops, rank-0 inputs and sums/means with a `dtype`."""
+    if t.op not in ROW_REDUCTIONS or not isinstance(t.attr("keepdim"), bool):
+        return None
+    if t.op in ("sum", "mean") and t.attr("dtype") is not None:
+        return None
+    dims = t.attr("dim")
+    rank = t.args[0].meta.rank
+    if rank == 0:
+        return None
+    if dims is None or dims == ():
+        return tuple(range(rank))
+    if not isinstance(dims, tuple) or not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(sorted({d % rank for d in dims}))
+
+
 # Kernels compute in f32 (f64 when a member is f64) and round to each member's own
 # dtype where it differs, so members may mix these (f16 softmax: f32 inside).
 FLOATS = ("f32", "f16", "bf16", "f64")
@@ -142,8 +161,43 @@ def _static(shape: Any) -> bool:
     return all(isinstance(s, int) for s in shape)
 
 
+
+class ReductionSpace:
+    """sum/mean/amax/amin over any dims of an input shape I, giving output shape O:
+    members are I-shaped values (the prologue, computed per reduced element),
+    reductions over the same dims of I-shaped values, and O-shaped values (the
+    epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
+    is refused: the two phases could not be told apart by shape."""
+
+    def __init__(self, root: Term) -> None:
+        self.out_shape = tuple(root.meta.shape)
+        self.in_shape: tuple[Any, ...] | None = None
+        self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
+
+    def fits(self, t: Term) -> bool:
+        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS:
+            return False
+        shape = tuple(t.meta.shape)
+        if t.op in ROW_REDUCTIONS:
+            dims = reduced_dims(t)
+            if dims is None or shape != self.out_shape:
+                return False
+            signature = (tuple(t.args[0].meta.shape), dims, t.attr("keepdim"))
+            if self.signature is None and signature[0] != shape:
+                self.signature, self.in_shape = signature, signature[0]
+            return signature == self.signature
+        return shape == self.out_shape or shape == self.in_shape
+
+    def accepts(self, members: set[Term]) -> bool:
+        """One pass: no prologue value may depend on a reduced one (a variance's
+        `x - mean(x)` needs two passes over I; fuse-row does that along one dim)."""
+        return all(tuple(a.meta.shape) == self.in_shape
+                   for m in members if tuple(m.meta.shape) == self.in_shape
+                   for a in m.args if a in members)
+
+
 SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace,
-                                            "matmul": MatmulSpace}
+                                            "reduction": ReductionSpace, "matmul": MatmulSpace}
 
 
 @dataclass
@@ -215,6 +269,9 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list
                 if all(c in members for c in consumers.get(a, ())):
                     members.add(a)
                     changed = True
+    accepts = getattr(space, "accepts", None)  # a check on the whole group, if any
+    if accepts is not None and not accepts(members):
+        return None
     env = {"root": root, "ops": len(members),
            "reductions": sum(m.op in ROW_REDUCTIONS for m in members),
            "matmuls": sum(m.op in MATMULS for m in members)}

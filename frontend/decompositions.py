@@ -29,4 +29,11 @@ def decomposition_table() -> dict[Any, Any]:
                  torch.ops.aten._softmax_backward_data.default,
                  torch.ops.aten.convolution_backward.default):
         table.pop(keep, None)
+    # Core ATen turns sum.default into sum.dim_IntList over every dim, but not
+    # mean.default: do the same, so `x.mean()` is the op table's `mean`.
+    table[torch.ops.aten.mean.default] = _mean_all
     return table
+
+
+def _mean_all(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return torch.ops.aten.mean.dim(x, [], False, dtype=dtype)

@@ -1,0 +1,280 @@
+"""The `reduction` template: sum/mean/amax/amin over any set of dims, with the
+pointwise work before it (the prologue: one value per input element) and after
+it (the epilogue: one value per output element) in the same kernel.
+
+The launcher (codegen/launch.py) permutes the input space I so that the kept
+dims come first and the reduced dims last (`size0`, `size1`, ...). An output
+index `o` runs over the kept dims and a reduction index `r` over the reduced
+dims, both row-major; an input read by the prologue sits at offset(o) +
+offset(r), one read by the epilogue at offset(o) over the output's dims. The
+offsets are built with sympy as in codegen/kernels.py.
+
+- Triton: a program reduces BLOCK_O outputs, accumulating [BLOCK_O, BLOCK_R]
+  tiles over its slice of `r`. With few outputs and a long reduction (a full
+  reduction, a bias gradient) the launcher splits `r` over a second grid
+  axis: each program stores its partial results and `NAME_combine` reduces
+  them and runs the epilogue.
+- OpenMP: the threads share the outputs when there are enough of them, else
+  they share each output's reduction (an OpenMP `reduction` clause).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import sympy
+
+from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dims
+from ..engine.ops import OpTable, default_op_table
+from ..engine.term import Term
+from .build import vector_math_decls
+from .kernels import (
+    CPP_DTYPES,
+    TRITON_DTYPES,
+    KernelSpec,
+    KInput,
+    _contiguous,
+    _header,
+    _key,
+    _names,
+    print_index,
+    value_expr,
+)
+from .templates import render_template
+
+# OpenMP: below this many elements, an output's reduction is not worth a
+# parallel region (its start costs a few microseconds).
+PARALLEL_REDUCTION_MIN = 32768
+
+
+def reduction_spec(term: Term, index: int) -> KernelSpec:
+    """The KernelSpec of a `reduction` kernel term; `meta` says which dims are
+    reduced and, per input, which phase reads it and whether it is read flat."""
+    body = body_terms(term)
+    root = term.attr("body")
+    reductions = [t for t in body if t.op in ROW_REDUCTIONS]
+    first = reductions[0]
+    dims = reduced_dims(first)
+    if dims is None:
+        raise ValueError(f"{first.op} is not a reduction the template renders")
+    in_shape = tuple(first.args[0].meta.shape)
+    out_shape = tuple(first.meta.shape)
+    rank = len(in_shape)
+    kept = [d for d in range(rank) if d not in dims]
+    phases: dict[int, set[str]] = {i: set() for i in range(len(term.args))}
+    for t in body:
+        if t.op in ("arg", "const"):
+            continue
+        phase = "in" if t.op in ROW_REDUCTIONS or tuple(t.meta.shape) == in_shape else "out"
+        for a in t.args:
+            if a.op == "arg":
+                phases[a.attr("index")].add(phase)
+    trailing = tuple(dims) == tuple(range(len(kept), rank))
+    inputs, in_flat, out_flat = [], [], []
+    for i, a in enumerate(term.args):
+        contiguous = a.meta.rank > 0 and _contiguous(a)
+        # read flat by the prologue: offset o * n_red + r (the reduced dims are innermost)
+        in_flat.append(trailing and contiguous and tuple(a.meta.shape) == in_shape)
+        out_flat.append(contiguous and tuple(a.meta.shape) == out_shape)
+        flat = all(in_flat[i] if p == "in" else out_flat[i] for p in phases[i])
+        inputs.append(KInput(f"in{i}", a.meta.dtype, flat, False, rank))
+    ops = [t for t in body if t.op not in ("arg", "const")]
+    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dims,
+                                  first.attr("keepdim"), [sorted(p) for p in phases.values()],
+                                  in_flat, out_flat, [x.dtype for x in inputs])).encode())
+    name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
+    return KernelSpec(name=name, kind="reduction", rule=term.attr("rule"),
+                      location=term.attr("location"), template=term.attr("template"),
+                      inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
+                      rank=rank, replaced_ops=len(ops),
+                      meta={"dims": dims, "kept": kept, "in_shape": in_shape,
+                            "out_shape": out_shape, "keepdim": first.attr("keepdim"),
+                            "phases": [sorted(phases[i]) for i in range(len(inputs))],
+                            "in_flat": in_flat, "out_flat": out_flat,
+                            "accumulators": len(reductions)})
+
+
+def stride_params(spec: KernelSpec) -> list[str]:
+    """Stride arguments in launch order: per input, the input space's (permuted)
+    strides if the prologue reads it strided, then the output's if the epilogue does."""
+    params = []
+    kept = len(spec.meta["kept"])
+    for i, inp in enumerate(spec.inputs):
+        phases = spec.meta["phases"][i]
+        if "in" in phases and not spec.meta["in_flat"][i]:
+            params += [f"{inp.name}_stride{k}" for k in range(spec.rank)]
+        if "out" in phases and not spec.meta["out_flat"][i]:
+            params += [f"{inp.name}_out_stride{k}" for k in range(kept)]
+    return params
+
+
+def linear_offset(index: str, positions: list[int], stride: str) -> sympy.Expr:
+    """sum_k ((index // prod(size[later positions])) % size[p_k]) * {stride}{p_k}: the
+    offset of a row-major index over the space's dims at `positions`."""
+    idx = sympy.Symbol(index, integer=True, nonnegative=True)
+    sizes = {p: sympy.Symbol(f"size{p}", integer=True, positive=True) for p in positions}
+    expr = sympy.Integer(0)
+    for k, p in enumerate(positions):
+        last = k == len(positions) - 1
+        q = idx if last else sympy.floor(idx / sympy.Mul(*[sizes[x] for x in positions[k + 1:]]))
+        pos = q if k == 0 else sympy.Mod(q, sizes[p])
+        expr += pos * sympy.Symbol(f"{stride}{p}", integer=True)
+    return expr
+
+
+def _offsets(spec: KernelSpec, i: int, phase: str, o: str, r: str, target: str) -> str:
+    """Where input i sits, for the prologue (`in`, output index `o` plus reduction
+    index `r`) or the epilogue (`out`, output index `o`)."""
+    inp = spec.inputs[i]
+    kept = list(range(len(spec.meta["kept"])))
+    if phase == "in":
+        if spec.meta["in_flat"][i]:
+            return f"{o} * n_red + {r}"
+        expr = linear_offset(o, kept, f"{inp.name}_stride") + linear_offset(
+            r, list(range(len(kept), spec.rank)), f"{inp.name}_stride")
+    else:
+        if spec.meta["out_flat"][i]:
+            return o
+        expr = linear_offset(o, kept, f"{inp.name}_out_stride")
+    text = print_index(expr, target) if expr != 0 else "0"
+    if target == "triton" and sympy.Symbol(o, integer=True, nonnegative=True) not in expr.free_symbols:
+        # the zero term gives the pointer the block's shape, as the mask has
+        text = f"{text} + {o} * 0"
+    return text
+
+
+def _split(spec: KernelSpec) -> tuple[list[Term], list[Term], list[Term]]:
+    """(prologue, reductions, epilogue) terms in body order."""
+    in_shape = spec.meta["in_shape"]
+    pro, red, epi = [], [], []
+    for t in spec.body:
+        if t.op in ("arg", "const"):
+            continue
+        if t.op in ROW_REDUCTIONS:
+            red.append(t)
+        elif tuple(t.meta.shape) == in_shape:
+            pro.append(t)
+        else:
+            epi.append(t)
+    return pro, red, epi
+
+
+def render_reduction(spec: KernelSpec, target: str, table: OpTable | None = None) -> str:
+    table = table or default_op_table()
+    if target == "triton":
+        return _render_triton(spec, table)
+    return _render_cpp(spec, table)
+
+
+# ------------------------------------------------------------------ accumulators
+FILL = {"sum": "0.0", "mean": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
+
+
+def triton_accumulate(op: str, acc: str, value: str, mask: str | None) -> str:
+    """acc <- acc (+) value for the masked-in lanes; max/min keep nan (torch.amax does)."""
+    masked = f"tl.where({mask}, {value}, {FILL[op]})" if mask else value
+    if op in ("sum", "mean"):
+        return f"{acc} = {acc} + {masked}"
+    fn = "tl.maximum" if op == "amax" else "tl.minimum"
+    return f"{acc} = {fn}({acc}, {masked}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def triton_finish(op: str, name: str, acc: str, axis: int) -> str:
+    """The reduced value of an accumulator block (mean's division is not included)."""
+    if op in ("sum", "mean"):
+        return f"{name} = tl.sum({acc}, axis={axis})"
+    fn = "tl.max" if op == "amax" else "tl.min"
+    # tl.max / tl.min may drop nan on the GPU; a lane that saw one holds nan
+    return (f"{name} = tl.where(tl.sum(({acc} != {acc}).to(tl.int32), axis={axis}) > 0, "
+            f"float('nan'), {fn}({acc}, axis={axis}))")
+
+
+# ------------------------------------------------------------------ Triton
+def _render_triton(spec: KernelSpec, table: OpTable) -> str:
+    names = _names(spec)
+    compute = TRITON_DTYPES[spec.compute]
+    pro, red, epi = _split(spec)
+    loads, epi_loads = [], []
+    for i, inp in enumerate(spec.inputs):
+        phases = spec.meta["phases"][i]
+        cast = f".to({compute})"
+        if "in" in phases:
+            off = _offsets(spec, i, "in", "out_idx", "red_idx", "triton")
+            loads.append(f"x{i} = tl.load({inp.name}_ptr + {off}, mask=mask, other=0){cast}")
+        if "out" in phases:
+            off = _offsets(spec, i, "out", "offs_o", "", "triton")
+            epi_loads.append(f"x{i} = tl.load({inp.name}_ptr + {off}, mask=mask_o, other=0){cast}")
+    stmts = [f"{names[t]} = {value_expr(t, names, 'triton', table)}" for t in pro]
+    init, update, finish, partial, combine = [], [], [], [], []
+    for j, t in enumerate(red):
+        acc = f"acc{j}"
+        init.append(f"{acc} = tl.full([BLOCK_O, BLOCK_R], {FILL[t.op]}, {compute})")
+        update.append(triton_accumulate(t.op, acc, names[t.args[0]], "mask"))
+        finish.append(triton_finish(t.op, names[t], acc, 1))
+        partial.append(f"tl.store(part_ptr + ({j} * n_split + pid_r) * n_out + offs_o, "
+                       f"{names[t]}, mask=mask_o)")
+        combine.append(f"{acc} = tl.full([BLOCK_O, BLOCK_S], {FILL[t.op]}, {compute})")
+    combine_loads = [triton_accumulate(t.op, f"acc{j}", (
+        f"tl.load(part_ptr + ({j} * n_split + offs_s[None, :]) * n_out + offs_o[:, None], "
+        f"mask=mask, other={FILL[t.op]})"), None) for j, t in enumerate(red)]
+    combine_finish = [triton_finish(t.op, names[t], f"acc{j}", 1) for j, t in enumerate(red)]
+    means = [f"{names[t]} = {names[t]} / n_red" for t in red if t.op == "mean"]
+    epilogue = epi_loads + [f"{names[t]} = {value_expr(t, names, 'triton', table)}" for t in epi]
+    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
+    params += [f"size{k}" for k in range(spec.rank)] + stride_params(spec)
+    params += ["n_out", "n_red"]
+    return render_template("triton/reduction.py.j2", header=_header(spec, "triton", "#"),
+                           name=spec.name, params=params, init=init, loads=loads, stmts=stmts,
+                           update=update, finish=finish, partial=partial, means=means,
+                           combine_init=combine, combine_loads=combine_loads,
+                           combine_finish=combine_finish, epilogue=epilogue,
+                           result=names[spec.root], out_dtype=TRITON_DTYPES[spec.out_dtype])
+
+
+# ------------------------------------------------------------------ OpenMP
+def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
+    names = _names(spec)
+    ctype = CPP_DTYPES[spec.compute]
+    pro, red, epi = _split(spec)
+    params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
+    params += [f"{ctype}* __restrict__ out_ptr"]
+    params += [f"int64_t size{k}" for k in range(spec.rank)]
+    params += [f"int64_t {p}" for p in stride_params(spec)]
+    params += ["int64_t n_out", "int64_t n_red"]
+    loads, epi_loads = [], []
+    for i, inp in enumerate(spec.inputs):
+        phases = spec.meta["phases"][i]
+        if "in" in phases:
+            loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_offsets(spec, i, 'in', 'o', 'r', 'cpp')}];")
+        if "out" in phases:
+            epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_offsets(spec, i, 'out', 'o', '', 'cpp')}];")
+    body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
+                    for t in pro]
+    init, clauses, update, finish = [], [], [], []
+    for t in red:
+        acc = f"{names[t]}_acc"
+        op = {"sum": "+", "mean": "+", "amax": "max", "amin": "min"}[t.op]
+        start = {"sum": "0", "mean": "0", "amax": "-INFINITY", "amin": "INFINITY"}[t.op]
+        init.append(f"{ctype} {acc} = {start};")
+        clauses.append(f"reduction({op}:{acc})")
+        src = names[t.args[0]]
+        if op == "+":
+            update.append(f"{acc} += {src};")
+        else:
+            # std::max drops nan; torch.amax returns nan for an output that sees one
+            init.append(f"bool {acc}_nan = false;")
+            clauses.append(f"reduction(|:{acc}_nan)")
+            update += [f"{acc} = std::{op}({acc}, {src});", f"{acc}_nan |= ({src} != {src});"]
+            finish.append(f"if ({acc}_nan) {acc} = NAN;")
+        div = " / n_red" if t.op == "mean" else ""
+        finish.append(f"const {ctype} {names[t]} = {acc}{div};")
+    epilogue = epi_loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
+                            for t in epi]
+    return render_template("openmp/reduction.cpp.j2", header=_header(spec, "openmp", "//"),
+                           name=spec.name, params=params, init=init, body=body + update,
+                           simd=f"#pragma omp simd {' '.join(clauses)}",
+                           parallel=(f"#pragma omp parallel for simd {' '.join(clauses)} "
+                                     f"if(parallel: n_red >= {PARALLEL_REDUCTION_MIN})"),
+                           finish=finish, epilogue=epilogue, result=names[spec.root],
+                           simd_decls=vector_math_decls())
+

@@ -1,0 +1,151 @@
+"""Launchers for the `reduction` template (codegen/reduction.py): run-time
+sizes and strides with the kept dims first and the reduced dims last, block
+sizes, and on the GPU the split of a long reduction over many programs."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..frontend.aten import TORCH_DTYPES
+from .kernels import KernelSpec
+from .launch import CppLauncher, Launcher, _numel, triton_cdiv
+from .reduction import stride_params
+
+
+class ReductionCppLauncher(CppLauncher):
+    """The `reduction` template on the CPU (codegen/reduction.py)."""
+
+    def __init__(self, spec: KernelSpec, fn: Any, fallback: Callable[..., torch.Tensor]) -> None:
+        self.spec = spec
+        self.fn = fn
+        self.fallback = fallback
+        n_int = spec.rank + len(stride_params(spec)) + 2
+        fn.argtypes = [ctypes.c_void_p] * (len(spec.inputs) + 1) + [ctypes.c_int64] * n_int
+        fn.restype = None
+        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+        space, out, tensors, strides, n_out, n_red, _ = _prepare_reduction(
+            self.spec, inputs, self.out_dtype)
+        if out.numel() == 0:
+            return out
+        self.fn(*[t.data_ptr() for t in tensors], out.data_ptr(), *space, *strides, n_out, n_red)
+        return out
+
+
+class ReductionTritonLauncher(Launcher):
+    """The `reduction` template on the GPU. Few outputs and a long reduction
+    (`x.sum()`, a bias gradient) would leave most of the GPU idle, so the
+    reduction index is split over up to SPLIT_MAX programs per block of
+    outputs, each reading at least SPLIT_MIN_ELEMENTS elements; NAME_combine
+    then reduces their partial results (in the compute dtype) and runs the
+    epilogue."""
+
+    TILE = 4096  # elements per [BLOCK_O, BLOCK_R] accumulator: 16 a thread at 8 warps
+    SPLIT_MIN_ELEMENTS = 16384  # fewer, and the partial results cost more than they save
+    SPLIT_MAX = 1024
+    PROGRAMS = 4  # programs to aim for per SM (the interpreter: per 32 "SMs")
+
+    def __init__(self, spec: KernelSpec, kernel: Any, combine: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
+        self.spec = spec
+        self.kernel = kernel
+        self.combine = combine
+        self.fallback = fallback
+        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+        self.compute = TORCH_DTYPES[spec.compute]
+
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+        space, out, tensors, strides, n_out, n_red, inner = _prepare_reduction(
+            self.spec, inputs, self.out_dtype)
+        if out.numel() == 0:
+            return out
+        block_o, block_r = self.blocks(n_out, n_red, inner)
+        programs_o = triton_cdiv(n_out, block_o)
+        split, per_program = self.split(programs_o, n_red, block_o, block_r, out.device)
+        args = (*tensors, out, *space, *strides, n_out, n_red)
+        warps = 8 if block_o * block_r >= 2048 else 4
+        if split == 1:
+            self.kernel[(programs_o, 1)](*args, per_program, out, SPLIT=False,
+                                         BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
+            return out
+        part = torch.empty((self.spec.meta["accumulators"], split, n_out), dtype=self.compute,
+                           device=out.device)
+        self.kernel[(programs_o, split)](*args, per_program, part, SPLIT=True,
+                                         BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
+        block_s = min(_pow2(split), 256)
+        block_o = min(_pow2(n_out), max(1, 2048 // block_s))
+        self.combine[(triton_cdiv(n_out, block_o),)](*args, split, part, BLOCK_O=block_o,
+                                                    BLOCK_S=block_s, num_warps=4)
+        return out
+
+    def blocks(self, n_out: int, n_red: int, inner: bool) -> tuple[int, int]:
+        """(BLOCK_O, BLOCK_R): long along the reduction when it is the contiguous
+        axis (`x.sum(-1)`), long along the outputs when they are (`x.sum(0)`)."""
+        if inner:
+            block_r = min(_pow2(n_red), self.TILE)
+            return min(_pow2(n_out), max(1, self.TILE // block_r)), block_r
+        block_o = min(_pow2(n_out), 64)
+        return block_o, min(_pow2(n_red), self.TILE // block_o)
+
+    def split(self, programs_o: int, n_red: int, block_o: int, block_r: int,
+              device: torch.device) -> tuple[int, int]:
+        """(programs per block of outputs, reduction elements per program: a
+        multiple of BLOCK_R)."""
+        target = self.PROGRAMS * _sm_count(device)
+        split = 1 if programs_o >= target else max(1, min(
+            triton_cdiv(target, programs_o), n_red * block_o // self.SPLIT_MIN_ELEMENTS,
+            self.SPLIT_MAX))
+        per_program = triton_cdiv(triton_cdiv(max(n_red, 1), split), block_r) * block_r
+        return triton_cdiv(max(n_red, 1), per_program), per_program
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 32
+
+
+def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
+                       out_dtype: torch.dtype
+                       ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], list[int],
+                                  int, int, bool]:
+    """Run-time sizes of the input space with the kept dims first and the reduced
+    dims last, the output, the inputs as passed, their strides in launch order
+    (codegen/reduction.py: stride_params), the numbers of outputs and of reduced
+    elements per output, and whether the first prologue input is laid out with
+    the reduction innermost (the Triton launcher's tile shape follows it)."""
+    meta = spec.meta
+    dims, kept = meta["dims"], meta["kept"]
+    shape = list(torch.broadcast_shapes(*(x.shape for x, p in zip(inputs, meta["phases"],
+                                                                 strict=True) if "in" in p)))
+    shape = [1] * (spec.rank - len(shape)) + shape
+    space = tuple(shape[k] for k in kept + list(dims))
+    out_shape = [1 if k in dims else shape[k] for k in range(spec.rank)] if meta["keepdim"] \
+        else [shape[k] for k in kept]
+    device = inputs[0].device if inputs else torch.device("cpu")
+    out = torch.empty(out_shape, dtype=out_dtype, device=device)
+    tensors, strides, inner = [], [], None
+    for i, x in enumerate(inputs):
+        phases = meta["phases"][i]
+        if inner is None and "in" in phases:
+            st = x.expand(shape).stride()
+            inner = not kept or abs(st[dims[-1]]) <= abs(st[kept[-1]])
+        flat = all(meta["in_flat"][i] if p == "in" else meta["out_flat"][i] for p in phases)
+        tensors.append(x.contiguous() if flat else x)
+        if "in" in phases and not meta["in_flat"][i]:
+            st = x.expand(shape).stride()
+            strides.extend(st[k] for k in kept + list(dims))
+        if "out" in phases and not meta["out_flat"][i]:
+            st = x.expand(out_shape).stride()
+            strides.extend([st[k] for k in kept] if meta["keepdim"] else st)
+    return space, out, tensors, strides, _numel(tuple(shape[k] for k in kept)), \
+        _numel(tuple(shape[k] for k in dims)), inner is not False

@@ -1,0 +1,106 @@
+"""The looped (multi-pass) Triton row kernel, for rows too wide to keep in registers.
+
+The persistent `row` template holds a whole row (BLOCK_C >= cols values per
+live row-sized temporary) in registers. Past PERSISTENT_ROW_MAX_COLS columns
+that spills: on an H200 a 32K-wide f32 layer_norm ran at 40% of copy
+bandwidth. This variant keeps one program per row but reads the row in chunks
+of BLOCK_C: one loop per reduction, recomputing only the element values that
+reduction needs, then a last loop computing and storing the outputs. It is
+the structure of the OpenMP row kernel (codegen/kernels.py: _render_cpp); the
+extra passes re-read the row, mostly from L2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine.fuse import ROW_REDUCTIONS
+from ..engine.ops import OpTable, default_op_table
+from ..engine.term import Term
+from .kernels import (
+    TRITON_DTYPES,
+    KernelSpec,
+    KInput,
+    _header,
+    _names,
+    _per_row,
+    print_index,
+    strided_offset,
+    value_expr,
+)
+from .reduction import FILL, triton_accumulate, triton_finish
+from .templates import render_template
+
+# Widest row (static columns) the persistent template takes. A row of 8192 f32
+# values is 8 registers a thread at 32 warps (1024 threads) for each row-sized
+# value alive at once; layer_norm keeps several, and past this they spill.
+PERSISTENT_ROW_MAX_COLS = 8192
+# Columns per chunk of the looped template: 16 values a thread at 8 warps.
+LOOPED_BLOCK_C = 4096
+
+
+def looped(spec: KernelSpec) -> bool:
+    """Whether a Triton row kernel loops over its rows: they are wide, or their
+    width is symbolic (one kernel serves every width, so plan for wide ones)."""
+    cols = spec.meta["shape"][spec.meta["dim"]]
+    return not isinstance(cols, int) or cols > PERSISTENT_ROW_MAX_COLS
+
+
+def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
+    table = table or default_op_table()
+    names = _names(spec)
+    compute = TRITON_DTYPES[spec.compute]
+
+    def load(inp: KInput, idx: int) -> str:
+        row = print_index(strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
+        cast = f".to({compute})"
+        if inp.per_row:
+            return f"x{idx} = tl.load({inp.name}_ptr + {'row' if inp.flat else row}){cast}"
+        off = "row * n_cols + cols" if inp.flat else f"{row} + cols * {inp.name}_stride{spec.rank - 1}"
+        return f"x{idx} = tl.load({inp.name}_ptr + {off}, mask=mask, other=0){cast}"
+
+    def stmt(t: Term) -> str:
+        return f"{names[t]} = {value_expr(t, names, 'triton', table)}"
+
+    done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
+
+    def elem_lines(targets: list[Term]) -> list[str]:
+        """Element values the targets need (loads included), in body order; the
+        search stops at per-row values, which earlier passes computed."""
+        need: set[Term] = set()
+        stack = [t for t in targets if not _per_row(t, spec)]
+        while stack:
+            t = stack.pop()
+            if t not in need:
+                need.add(t)
+                stack += [a for a in t.args if a.op != "const" and not _per_row(a, spec)]
+        return [load(spec.inputs[t.attr("index")], t.attr("index")) if t.op == "arg" else stmt(t)
+                for t in spec.body if t in need]
+
+    row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
+    passes: list[dict[str, Any]] = []
+    for t in spec.body:
+        if t.op in ("arg", "const") or t in done:
+            continue
+        if t.op in ROW_REDUCTIONS:
+            acc = f"{names[t]}_acc"
+            after = [triton_finish(t.op, names[t], acc, 0)]
+            if t.op == "mean":
+                after.append(f"{names[t]} = {names[t]} / n_cols")
+            passes.append({"what": f"{t.op} of {names[t.args[0]]}",
+                           "init": [f"{acc} = tl.full([BLOCK_C], {FILL[t.op]}, {compute})"],
+                           "body": elem_lines([t.args[0]]) + [
+                               triton_accumulate(t.op, acc, names[t.args[0]], "mask")],
+                           "after": after})
+            done.add(t)
+        elif _per_row(t, spec):
+            (passes[-1]["after"] if passes else row_lines).append(stmt(t))
+            done.add(t)
+    elem_body = [] if spec.per_row_out else elem_lines([spec.root])
+    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr", "n_cols"]
+    params += [f"size{k}" for k in range(spec.rank)]
+    params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
+    return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
+                           name=spec.name, params=params, row_lines=row_lines, passes=passes,
+                           elem_body=elem_body, result=names[spec.root],
+                           per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])

@@ -1,0 +1,339 @@
+"""The `reduction` template (rules fuse-reduction, fuse-reduction-epilogue) and
+the looped Triton row template against eager, on both targets (OpenMP C++ for
+real, Triton through its interpreter): sets of reduced dims, keepdim, odd sizes,
+layouts, dtypes, prologue and epilogue, nan and inf, backward graphs, the
+split of a long reduction over many programs, and wide or symbolic rows.
+Every case also checks which template made the kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rewritec
+from rewritec import report
+from rewritec.codegen import launch, row_looped
+from rewritec.codegen.build import cxx
+from rewritec.codegen.reduction_launch import ReductionTritonLauncher
+from test_kernels import (INTERPRETED, TARGETS, _check, _layout, col_sum, layer_norm,
+                          log_softmax, rms_norm, row_sum, softmax)
+
+
+def _templates() -> set[str]:
+    return {k["template"] for r in report.RECORDS for k in r.kernels}
+
+
+def _run(fn, target: str, *inputs: torch.Tensor, template: str = "reduction",
+         grad: bool = False, tol: float | None = None) -> None:
+    """Compiled against eager (tests/test_kernels.py: _check), then: the kernel
+    came from `template`."""
+    _check(fn, target, *inputs, grad=grad, tol=tol)
+    assert f"{target}/{template}" in _templates(), _templates()
+
+
+def _run_nan(fn, target: str, *inputs: torch.Tensor) -> None:
+    """As _run, nan in the same places as eager."""
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(*inputs)
+    torch.testing.assert_close(got, fn(*inputs), equal_nan=True)
+    assert f"{target}/reduction" in _templates(), _templates()
+
+
+# ------------------------------------------------------------------ which dims
+def sum_dim0(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2.0).sum(0)
+
+
+def sum_last(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp(x).sum(-1)
+
+
+def sum_all(x: torch.Tensor) -> torch.Tensor:
+    return x.sum()
+
+
+def mean_all(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x).mean()
+
+
+def amax_all(x: torch.Tensor) -> torch.Tensor:
+    return x.amax()
+
+
+def amin_all_keepdim(x: torch.Tensor) -> torch.Tensor:
+    return torch.amin(x - 1.0, dim=(0, 1), keepdim=True)
+
+
+REDUCE_2D = [sum_dim0, sum_last, sum_all, mean_all, amax_all, amin_all_keepdim]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", REDUCE_2D, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "broadcast"])
+def test_reduction_dims_and_layouts(target: str, fn, layout: str) -> None:
+    # sums of up to 221 values, added in another order than ATen's
+    _run(fn, target, _layout(layout, (13, 17), torch.float32), tol=1e-5)
+
+
+def mean_02(x: torch.Tensor) -> torch.Tensor:
+    return x.mean(dim=(0, 2))
+
+
+def amax_12_keepdim(x: torch.Tensor) -> torch.Tensor:
+    return x.abs().amax(dim=(1, 2), keepdim=True) * 2
+
+
+def sum_02_keepdim(x: torch.Tensor) -> torch.Tensor:
+    return torch.sum(torch.sigmoid(x), dim=(0, 2), keepdim=True) - 1.0
+
+
+def amin_1(x: torch.Tensor) -> torch.Tensor:
+    return x.amin(dim=1)
+
+
+def mean_neg(x: torch.Tensor) -> torch.Tensor:
+    return x.mean(dim=(-1, -3))
+
+
+REDUCE_3D = [mean_02, amax_12_keepdim, sum_02_keepdim, amin_1, mean_neg, sum_all]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", REDUCE_3D, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("layout", ["contiguous", "permuted", "sliced"])
+def test_reduction_dims_of_3d(target: str, fn, layout: str) -> None:
+    x = torch.randn(5, 6, 7)
+    if layout == "permuted":
+        x = torch.randn(7, 5, 6).permute(1, 2, 0)
+    elif layout == "sliced":
+        x = torch.randn(5, 12, 7)[:, 1::2]
+    _run(fn, target, x, tol=1e-5)
+
+
+# ------------------------------------------------------------------ sizes
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("size", [1, 7, 1023, 4097, 5003])
+@pytest.mark.parametrize("fn", [sum_dim0, sum_all, mean_all, amax_all],
+                         ids=lambda f: f.__name__)
+def test_reduction_sizes(target: str, size: int, fn) -> None:
+    _run(fn, target, torch.randn(3, size), tol=1e-4)
+
+
+def test_openmp_threads_share_a_long_reduction() -> None:
+    """One output, 70001 elements: the OpenMP kernel's parallel-reduction branch."""
+    if cxx() is None:
+        pytest.skip("no C++ compiler")
+    for fn in (sum_all, mean_all, amax_all):
+        _run(fn, "openmp", torch.randn(70001), tol=1e-4)
+
+
+# ------------------------------------------------------------------ dtypes
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fn", [sum_dim0, mean_all, amax_12_keepdim, sum_02_keepdim],
+                         ids=lambda f: f.__name__)
+def test_half_precision_triton(dtype: torch.dtype, fn) -> None:
+    shape = (13, 17) if fn in REDUCE_2D else (5, 6, 7)
+    _run(fn, "triton", torch.randn(shape).to(dtype), tol=2e-2)
+
+
+def test_float64_openmp() -> None:
+    if cxx() is None:
+        pytest.skip("no C++ compiler")
+    _run(mean_02, "openmp", torch.randn(5, 6, 7, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------ prologue, epilogue
+def norm_02(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt((x * x * y * y).sum(dim=(0, 2)) + 1.0)
+
+
+def sum_over_max(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Two reductions over the same dims in one kernel."""
+    return (x + y).sum(dim=(0, 1)) / (x + y).abs().amax(dim=(0, 1))
+
+
+def both_phases(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y is read by the prologue (broadcast over I) and by the epilogue (over O)."""
+    return (x * y).sum(dim=(0, 1)) + y
+
+
+def scaled_mean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x - y).mean() * 3.0 - 1.0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", [norm_02, sum_over_max, both_phases, scaled_mean],
+                         ids=lambda f: f.__name__)
+def test_prologue_and_epilogue(target: str, fn) -> None:
+    _run(fn, target, torch.randn(4, 6, 7), torch.randn(7), tol=1e-5)
+
+
+def test_variance_is_not_one_pass() -> None:
+    """x - mean(x) feeding the output needs a second pass: no reduction kernel
+    takes the group (ATen or other kernels compute it)."""
+    if cxx() is None:
+        pytest.skip("no C++ compiler")
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(dim=(0, 1), keepdim=True)
+
+    _check(fn, "openmp", torch.randn(4, 5, 6), expect_kernels=False)
+    kernels = [k for r in report.RECORDS for k in r.kernels]
+    assert all(k["rules"] != ["fuse-reduction-epilogue"] for k in kernels)
+
+
+# ------------------------------------------------------------------ nan and inf
+def _special(shape: tuple[int, ...]) -> torch.Tensor:
+    x = torch.randn(shape)
+    x[0, 1] = float("nan")
+    x[1, :] = float("inf")
+    x[2, :] = float("-inf")
+    x[3, 2] = float("-inf")
+    x[3, 3] = float("inf")
+    return x
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ["amax", "amin", "sum"])
+@pytest.mark.parametrize("dim", [(1,), (0, 1), None])
+def test_nan_and_inf(target: str, op: str, dim) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        reduce = getattr(torch, op)
+        return (reduce(x) if dim is None else reduce(x, dim=dim)) * 2.0
+
+    _run_nan(fn, target, _special((5, 9)))
+
+
+# ------------------------------------------------------------------ backward graphs
+@pytest.mark.parametrize("target", TARGETS)
+def test_linear_bias_gradient_3d(target: str) -> None:
+    """The bias gradient of a linear over a 3-d input sums its output gradient
+    over the first two dims (ATen: a view and a sum over one dim)."""
+    w, b = torch.randn(5, 4), torch.randn(5)
+
+    def fn(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.linear(x, w, b))
+
+    _check(fn, target, torch.randn(2, 3, 4), b, grad=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_backward_graphs(target: str) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x) * y).mean(dim=(0, 1)) * 2.0
+
+    _run(fn, target, torch.randn(3, 4, 9), torch.randn(9), template="reduction", grad=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dynamic_shapes_reuse_one_kernel(target: str) -> None:
+    torch._dynamo.reset()
+    report.reset()
+    compiled = rewritec.compile(sum_02_keepdim, target=target, strict=True, dynamic=True)
+    for shape in [(3, 4, 5), (4, 4, 6), (2, 5, 7)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), sum_02_keepdim(x))
+    assert f"{target}/reduction" in _templates()
+
+
+# ------------------------------------------------------------------ split reduction (Triton)
+@pytest.fixture
+def splits(monkeypatch) -> list[int]:
+    """Splits the Triton reduction down to 64 elements a program; records each split."""
+    seen: list[int] = []
+    split = ReductionTritonLauncher.split
+
+    def record(self, *args) -> tuple[int, int]:
+        got = split(self, *args)
+        seen.append(got[0])
+        return got
+
+    monkeypatch.setattr(ReductionTritonLauncher, "SPLIT_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(ReductionTritonLauncher, "TILE", 256)
+    monkeypatch.setattr(ReductionTritonLauncher, "split", record)
+    return seen
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fn", [sum_all, mean_all, amax_all, sum_dim0, amin_all_keepdim],
+                         ids=lambda f: f.__name__)
+def test_split_reduction(splits: list[int], fn) -> None:
+    _run(fn, "triton", torch.randn(37, 300).t(), tol=1e-4)
+    assert max(splits) > 1
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+def test_split_reduction_epilogue_and_nan(splits: list[int]) -> None:
+    _run(sum_over_max, "triton", torch.randn(40, 50, 3), torch.randn(3), tol=1e-4)
+    x = torch.randn(3000)
+    x[2500] = float("nan")
+    _run_nan(lambda x: x.amax() + 1.0, "triton", x)
+    _run_nan(lambda x: x.amin(), "triton", x)
+    assert max(splits) > 1
+
+
+# ------------------------------------------------------------------ looped row kernel (Triton)
+@pytest.fixture
+def narrow_rows_loop(monkeypatch) -> None:
+    """Rows past 64 columns loop, in chunks of 64: wide rows for the interpreter."""
+    monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
+    monkeypatch.setattr(launch, "LOOPED_BLOCK_C", 64)
+
+
+ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fn", ROW_FUNCS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "broadcast"])
+def test_looped_rows(narrow_rows_loop, fn, layout: str) -> None:
+    x = _layout(layout, (150, 201) if fn is col_sum else (5, 201), torch.float32)
+    # col_sum adds 150 rows: f32 rounding in another order than ATen's
+    _run(fn, "triton", x, torch.randn(201), template="row_looped", tol=1e-4)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fn", [softmax, layer_norm], ids=lambda f: f.__name__)
+def test_looped_rows_half_precision(narrow_rows_loop, fn, dtype: torch.dtype) -> None:
+    _run(fn, "triton", torch.randn(4, 130).to(dtype), torch.randn(130).to(dtype),
+         template="row_looped", tol=2e-2)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fn", [softmax, log_softmax, rms_norm], ids=lambda f: f.__name__)
+def test_looped_rows_symbolic_width(fn) -> None:
+    """A symbolic width loops whatever its run-time value (default threshold)."""
+    torch._dynamo.reset()
+    report.reset()
+    compiled = rewritec.compile(fn, target="triton", strict=True, dynamic=True)
+    for rows, cols in [(3, 9), (4, 33), (2, 129)]:
+        x, y = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    assert "triton/row_looped" in _templates()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("cols, template", [(8192, "row"), (8193, "row_looped")])
+def test_wide_row_threshold(cols: int, template: str) -> None:
+    _run(layer_norm, "triton", torch.randn(2, cols), torch.randn(cols), template=template)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+def test_looped_row_nan_and_inf(narrow_rows_loop) -> None:
+    x = torch.randn(4, 100)
+    x[0, 70] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, 99] = float("inf")
+    report.reset()
+    torch._dynamo.reset()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x - x.amax(-1, keepdim=True) + x.amin(-1, keepdim=True) * 2.0
+
+    got = rewritec.compile(fn, target="triton", strict=True)(x)
+    torch.testing.assert_close(got, fn(x), equal_nan=True)
+    assert "triton/row_looped" in _templates()
