@@ -31,10 +31,12 @@ from .kernels import (
 from .reduction import FILL, triton_accumulate, triton_finish
 from .templates import render_template
 
-# Widest row (static columns) the persistent template takes. A row of 8192 f32
-# values is 8 registers a thread at 32 warps (1024 threads) for each row-sized
-# value alive at once; layer_norm keeps several, and past this they spill.
-PERSISTENT_ROW_MAX_COLS = 8192
+# Widest row (static columns) the persistent template takes. Measured on an H200
+# at 1024 rows of 32K f32: persistent softmax 0.075 ms, rms_norm 0.080, layer_norm
+# 0.163 (it spills); looped 0.136, 0.105 and 0.137. One program per row leaves the
+# looped kernel too little parallelism at these row counts, so only rows wider than
+# 32K (where the persistent kernel would spill everything) loop.
+PERSISTENT_ROW_MAX_COLS = 32768
 # Columns per chunk of the looped template: 16 values a thread at 8 warps.
 LOOPED_BLOCK_C = 4096
 

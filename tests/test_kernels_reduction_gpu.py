@@ -99,7 +99,7 @@ def test_linear_bias_gradient_3d_on_gpu() -> None:
            tol=1e-3)
 
 
-@pytest.mark.parametrize("cols", [8193, 32768, 50000])
+@pytest.mark.parametrize("cols", [32769, 50000])
 @pytest.mark.parametrize("fn", [softmax, log_softmax, layer_norm, rms_norm],
                          ids=lambda f: f.__name__)
 def test_wide_rows_loop_on_gpu(fn, cols: int) -> None:
@@ -110,13 +110,13 @@ def test_wide_rows_loop_on_gpu(fn, cols: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fn", [softmax, layer_norm], ids=lambda f: f.__name__)
 def test_wide_rows_half_precision_on_gpu(fn, dtype: torch.dtype) -> None:
-    _run(fn, "triton", *_cuda(torch.randn(16, 32768).to(dtype), torch.randn(32768).to(dtype)),
+    _run(fn, "triton", *_cuda(torch.randn(16, 40000).to(dtype), torch.randn(40000).to(dtype)),
          template="row_looped", tol=3e-2)
 
 
 def test_wide_rows_backward_on_gpu() -> None:
     from test_kernels import _check
 
-    _check(layer_norm, "triton", *_cuda(torch.randn(8, 32768), torch.randn(32768)),
+    _check(layer_norm, "triton", *_cuda(torch.randn(8, 40000), torch.randn(40000)),
            grad=True, tol=1e-3)
     assert "triton/row_looped" in {k["template"] for r in report.RECORDS for k in r.kernels}
