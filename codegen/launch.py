@@ -146,10 +146,32 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
-             ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], list[int]]:
-    """Run-time sizes of the space (a row kernel's reduced dim moved last), the
-    output, the inputs as passed, and their strides in the space's dim order."""
+@dataclass(frozen=True)
+class _Geometry:
+    """What a launch needs to know of its inputs' sizes and strides."""
+
+    shape: tuple[int, ...]  # the space in the graph's dim order
+    keep: tuple[int, ...]  # shape with a row kernel's reduced dim set to 1
+    perm: tuple[int, ...]  # space dim k is graph dim perm[k]
+    space: tuple[int, ...]
+    strides: tuple[int, ...]  # strided inputs' strides in the space's order
+
+
+def _geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
+    """The launch geometry, computed once per combination of input sizes and strides
+    (a compiled graph sees the same few each call): it costs more Python time than
+    the launch itself (torch.broadcast_shapes alone ~30 us)."""
+    key = tuple((x.shape, x.stride()) for x in inputs)
+    cache = spec.meta.setdefault("geometry", {})
+    geometry = cache.get(key)
+    if geometry is None:
+        geometry = _compute_geometry(spec, inputs)
+        if len(cache) < 64:
+            cache[key] = geometry
+    return geometry
+
+
+def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
     shape = list(torch.broadcast_shapes(*(x.shape for x in inputs)))
     dim = spec.meta.get("dim")
     if len(shape) < spec.rank:
@@ -162,22 +184,36 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
         list(range(len(shape)))
     if dim is not None:
         perm = [k for k in perm if k != dim] + [dim]
-    space = tuple(shape[k] for k in perm)
-    permuted = perm != list(range(len(perm)))
-    device = inputs[0].device if inputs else torch.device("cpu")
     keep = list(shape)
     if dim is not None:
         keep[dim] = 1
+    strides: list[int] = []
+    for x, inp in zip(inputs, spec.inputs, strict=True):
+        if not inp.flat:
+            st = x.expand(keep if inp.per_row else shape).stride()
+            strides.extend(st[k] for k in perm)
+    return _Geometry(tuple(shape), tuple(keep), tuple(perm), tuple(shape[k] for k in perm),
+                     tuple(strides))
+
+
+def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
+             ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], tuple[int, ...]]:
+    """Run-time sizes of the space (a row kernel's reduced dim moved last), the
+    output, the inputs as passed, and their strides in the space's dim order."""
+    g = _geometry(spec, inputs)
+    perm = list(g.perm)
+    permuted = perm != list(range(len(perm)))
+    device = inputs[0].device if inputs else torch.device("cpu")
     if spec.per_row_out:
-        out = torch.empty(keep, dtype=out_dtype, device=device)
+        out = torch.empty(g.keep, dtype=out_dtype, device=device)
     elif permuted:
         # laid out in the space's order (a row kernel's reduced dim innermost, or the
         # root's layout in the graph, e.g. NHWC), seen in the graph's dim order
         inverse = [perm.index(k) for k in range(len(perm))]
-        out = torch.empty(space, dtype=out_dtype, device=device).permute(inverse)
+        out = torch.empty(g.space, dtype=out_dtype, device=device).permute(inverse)
     else:
-        out = torch.empty(shape, dtype=out_dtype, device=device)
-    tensors, strides = [], []
+        out = torch.empty(g.shape, dtype=out_dtype, device=device)
+    tensors = []
     for x, inp in zip(inputs, spec.inputs, strict=True):
         if inp.flat and permuted:
             # read flat in the space's order: x laid out densely in that order
@@ -186,10 +222,8 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
         elif inp.flat:
             tensors.append(x.contiguous())
         else:
-            st = x.expand(keep if inp.per_row else shape).stride()
             tensors.append(x)
-            strides.extend(st[k] for k in perm)
-    return space, out, tensors, strides
+    return g.space, out, tensors, g.strides
 
 
 @dataclass
