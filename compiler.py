@@ -85,6 +85,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
                 return _compile(gm, example_inputs, opts, sub.name, sub, params, None)
 
             fn = FrozenGuard(frozen, fn, unfrozen)
+        fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec)
     except Exception as e:  # noqa: BLE001 - any failure means: run the graph eagerly
         reason = _reason(e)
         if opts.strict:
@@ -95,6 +96,27 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         fn = _boxed(gm.forward)
     rec.compile_seconds = time.perf_counter() - start
     return fn
+
+
+def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,
+                      opts: Options, rec: report.GraphRecord) -> Any:
+    """Wrap an inference graph for CUDA-graph replay (codegen/cudagraphs.py); the
+    runner itself falls back to `fn` for CPU arguments or a failed capture."""
+    if opts.cudagraphs == "off" or not torch.cuda.is_available():
+        return fn
+    from .codegen.cudagraphs import CudaGraphRunner, eligible
+
+    why_not = eligible(gm, kind, aliased_outputs=False)
+    if why_not is not None:
+        rec.cudagraphs = f"off: {why_not}"
+        return fn
+
+    def log(line: str) -> None:
+        rec.cudagraphs = line
+        if opts.debug >= 1:
+            print(f"[rewritec] {rec.name}: {line}")
+
+    return CudaGraphRunner(fn, params or [], opts.cudagraphs, log)
 
 
 def _reason(e: Exception) -> str:

@@ -5,7 +5,8 @@ backend="rewritec", options={...})`, or CLI flags. Environment variables
 fill in what the call leaves out: REWRITEC_RULES (extra rule paths, separated
 by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET,
 REWRITEC_STATS=1 (print per-rule statistics when the process exits),
-REWRITEC_CONV_LAYOUT (auto, channels_last or keep).
+REWRITEC_CONV_LAYOUT (auto, channels_last or keep), REWRITEC_CUDAGRAPHS (auto,
+on or off).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .engine.errors import RewritecError
 
 TARGETS = ("auto", "aten", "triton", "openmp")
 CONV_LAYOUTS = ("auto", "channels_last", "keep")
+CUDAGRAPHS = ("auto", "on", "off")
 
 
 def _print_stats_at_exit() -> None:
@@ -63,6 +65,10 @@ class Options:
     # inference graphs on CUDA where the convolutions save more than the layout
     # copies around them cost, keep elsewhere.
     conv_layout: str = "auto"
+    # Replay inference graphs on CUDA as one CUDA graph (codegen/cudagraphs.py): on,
+    # off, or auto (used where replaying was measured faster than launching from
+    # Python, e.g. graphs of many short kernels).
+    cudagraphs: str = "auto"
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
@@ -87,6 +93,10 @@ class Options:
         if given["conv_layout"] not in CONV_LAYOUTS:
             raise RewritecError(f"conv_layout must be one of {CONV_LAYOUTS}, "
                                 f"not {given['conv_layout']!r}")
+        given.setdefault("cudagraphs", os.environ.get("REWRITEC_CUDAGRAPHS", "auto") or "auto")
+        if given["cudagraphs"] not in CUDAGRAPHS:
+            raise RewritecError(f"cudagraphs must be one of {CUDAGRAPHS}, "
+                                f"not {given['cudagraphs']!r}")
         if "disable" in given:
             given["disable"] = tuple(given["disable"])
         return cls(**given)

@@ -25,6 +25,8 @@ class GraphRecord:
     stop_reason: str | None = None
     # What the layout phase did (codegen/layout.py): conv_layout, counts, or why not.
     layout: dict[str, Any] = field(default_factory=dict)
+    # CUDA-graph replay (codegen/cudagraphs.py): on/off and why, once decided.
+    cudagraphs: str = ""
     compile_seconds: float = 0.0
     files: dict[str, str] = field(default_factory=dict)
 
