@@ -322,6 +322,16 @@ def test_wide_row_threshold(extra: int, template: str) -> None:
     from rewritec.codegen import row_looped
 
     cols = row_looped.PERSISTENT_ROW_MAX_COLS + extra
+    _run(rms_norm, "triton", torch.randn(2, cols), torch.randn(cols), template=template)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("extra, template", [(0, "row"), (1, "row_looped")])
+def test_wide_row_with_three_inputs_loops_earlier(extra: int, template: str) -> None:
+    """layer_norm reads x, weight and bias along the row: it loops from 16K columns."""
+    from rewritec.codegen import row_looped
+
+    cols = row_looped.WIDE_MANY_INPUTS_COLS + extra
     _run(layer_norm, "triton", torch.randn(2, cols), torch.randn(cols), template=template)
 
 
