@@ -66,11 +66,9 @@ class Options:
     # copies around them cost, keep elsewhere.
     conv_layout: str = "auto"
     # Replay inference graphs on CUDA as one CUDA graph (codegen/cudagraphs.py): on,
-    # off, or auto (used where replaying, input copies and output clones included,
-    # was measured faster than launching from Python at capture). Off by default:
-    # the measured choice is not yet reliable (on an H200 it picked replay for
-    # single-kernel graphs where the copies cost more than launching saves).
-    cudagraphs: str = "off"
+    # off, or auto: graphs of at least AUTO_MIN_LAUNCHES launches, where Python's
+    # launch cost outweighs the graph's input copies and output clones.
+    cudagraphs: str = "auto"
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
@@ -95,7 +93,7 @@ class Options:
         if given["conv_layout"] not in CONV_LAYOUTS:
             raise RewritecError(f"conv_layout must be one of {CONV_LAYOUTS}, "
                                 f"not {given['conv_layout']!r}")
-        given.setdefault("cudagraphs", os.environ.get("REWRITEC_CUDAGRAPHS", "off") or "off")
+        given.setdefault("cudagraphs", os.environ.get("REWRITEC_CUDAGRAPHS", "auto") or "auto")
         if given["cudagraphs"] not in CUDAGRAPHS:
             raise RewritecError(f"cudagraphs must be one of {CUDAGRAPHS}, "
                                 f"not {given['cudagraphs']!r}")

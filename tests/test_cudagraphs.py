@@ -34,7 +34,7 @@ def test_only_pure_inference_graphs_are_eligible() -> None:
 
 
 def test_option_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Options.make().cudagraphs == "off"
+    assert Options.make().cudagraphs == "auto"
     monkeypatch.setenv("REWRITEC_CUDAGRAPHS", "off")
     assert Options.make().cudagraphs == "off"
     with pytest.raises(RewritecError, match="cudagraphs must be one of"):
@@ -72,17 +72,18 @@ def test_replay_matches_eager_and_keeps_earlier_results() -> None:
         y = torch.randn(3, 5, 64, device="cuda")
         for _ in range(3):
             torch.testing.assert_close(compiled(y), model(y), rtol=1e-4, atol=1e-4)
-    assert any("replay" in r.cudagraphs or r.cudagraphs == "" for r in report.RECORDS)
+    assert any("recorded" in r.cudagraphs for r in report.RECORDS)
 
 
 @cuda
-def test_auto_decides_by_measuring() -> None:
+def test_auto_leaves_short_graphs_alone() -> None:
+    """Under auto, a graph of a few launches runs plainly (copies would cost more)."""
     model = Block().cuda().eval()
     report.reset()
-    compiled = rewritec.compile(model, strict=True, cudagraphs="auto")
+    compiled = rewritec.compile(model, strict=True)
     x = torch.randn(2, 4, 64, device="cuda")
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     decided = [r.cudagraphs for r in report.RECORDS if r.cudagraphs]
-    assert decided and all("replay" in d for d in decided)
+    assert decided and all("fewer than" in d for d in decided)
