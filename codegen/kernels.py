@@ -455,11 +455,25 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         return f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
 
     if spec.kind == "pointwise":
-        lines = [load(inp, k) for k, inp in enumerate(spec.inputs)]
+        strided = [inp for inp in spec.inputs if not inp.flat]
+        if not strided or spec.rank == 0:
+            lines = [load(inp, k) for k, inp in enumerate(spec.inputs)]
+            row_lines: list[str] = []
+        else:
+            # Rows of the last dim: each strided input's offset is computed once per
+            # row (integer division does not vectorize, and a loop with one keeps
+            # libmvec's vector exp/erf/... from being used), then `c * stride`.
+            row_lines = [f"const int64_t {inp.name}_base = "
+                         f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')};"
+                         for inp in strided]
+            lines = [f"const {ctype} x{k} = {inp.name}_ptr[" + (
+                "i" if inp.flat else f"{inp.name}_base + c * {inp.name}_stride{spec.rank - 1}")
+                + "];" for k, inp in enumerate(spec.inputs)]
         lines += [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
         return render_template(f"openmp/{spec.template}.cpp.j2",
                                header=_header(spec, "openmp", "//"), name=spec.name,
                                params=params, body=lines, result=names[spec.root],
+                               rows=bool(row_lines), row_body=row_lines,
                                simd_decls=vector_math_decls())
     # Row kernel: per-row values first (loads, then reductions in order, each a loop over
     # the row that recomputes only the element values it needs), then the output loop.
@@ -498,7 +512,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
                 update = [f"{acc} += {names[src]};"]
             else:
                 # std::max drops nan; torch.amax returns nan for a row that has one
-                row_lines.append(f"bool {acc}_nan = false;")
+                row_lines.append(f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
                 row_lines.append(f"#pragma omp simd reduction({op}:{acc}) reduction(|:{acc}_nan)")
                 update = [f"{acc} = std::{op}({acc}, {names[src]});",
                           f"{acc}_nan |= ({names[src]} != {names[src]});"]

@@ -262,7 +262,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             update.append(f"{acc} += {src};")
         else:
             # std::max drops nan; torch.amax returns nan for an output that sees one
-            init.append(f"bool {acc}_nan = false;")
+            init.append(f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
             clauses.append(f"reduction(|:{acc}_nan)")
             update += [f"{acc} = std::{op}({acc}, {src});", f"{acc}_nan |= ({src} != {src});"]
             finish.append(f"if ({acc}_nan) {acc} = NAN;")
