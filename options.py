@@ -61,9 +61,9 @@ class Options:
     # Names of rules to leave out.
     disable: tuple[str, ...] = field(default_factory=tuple)
     # Memory layout of 4-d convolutions (codegen/layout.py): channels_last (NHWC,
-    # where cuDNN is fastest), keep (as captured), or auto: channels_last for
-    # inference graphs on CUDA where the convolutions save more than the layout
-    # copies around them cost, keep elsewhere.
+    # where cuDNN and oneDNN are fastest), keep (as captured), or auto:
+    # channels_last for inference graphs where the convolutions save more than the
+    # layout copies around them cost (on the CPU, always), keep elsewhere.
     conv_layout: str = "auto"
     # Replay inference graphs on CUDA as one CUDA graph (codegen/cudagraphs.py): on,
     # off, or auto: graphs of at least AUTO_MIN_LAUNCHES launches, where Python's
