@@ -28,8 +28,15 @@ from pathlib import Path
 from typing import Any
 
 # -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
-CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC",
+# -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
+# sincosf, which libmvec cannot vectorize (sin(x)^2 + cos(x)^2 ran 3x slower than
+# eager); kernels call sinf/cosf by name instead (codegen/kernels.py: PLAIN_CALLS).
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-builtin-sinf",
+             "-fno-builtin-cosf", "-fno-builtin-sin", "-fno-builtin-cos", "-shared", "-fPIC",
              "-std=c++17")
+# Not builtins under CXX_FLAGS: their declarations must say that they only
+# compute (const) for the vectorizer to call their libmvec versions.
+PURE_CALLS = ("sinf", "cosf", "sin", "cos")
 
 # glibc's vector math library (libmvec) has SIMD versions of these. Declaring
 # them `simd` lets the vectorizer call them, as -ffast-math would, but without
@@ -93,7 +100,11 @@ def _cxx_version(compiler: str) -> str:
 def vector_math_decls() -> tuple[str, ...]:
     """The `simd` declarations of VECTOR_MATH, if this machine's libmvec has them
     (probed once: a kernel that fails to load would otherwise fall back)."""
-    decls = tuple(f'__attribute__((simd("notinbranch"))) {d};' for d in VECTOR_MATH)
+    def attrs(decl: str) -> str:
+        name = decl.split("(")[0].split()[-1]
+        return '"notinbranch"), const, nothrow' if name in PURE_CALLS else '"notinbranch")'
+
+    decls = tuple(f'__attribute__((simd({attrs(d)})) {d};' for d in VECTOR_MATH)
     probe = ("#include <cmath>\n#include <cstdint>\nextern \"C\" {\n" + "\n".join(decls)
              + "\n}\nextern \"C\" void probe(float* a, double* b, int64_t n) {\n"
              "#pragma omp simd\nfor (int64_t i = 0; i < n; ++i) a[i] = std::exp(a[i]) + "

@@ -258,7 +258,16 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
         if k in info.attrs and k not in values and k not in info.kernel_when \
                 and "{" + k + "}" in fmt:
             values[k] = literal(v, target, single) if v is not None else "None"
-    return "(" + fmt.format(**values) + ")"
+    expr = fmt.format(**values)
+    if target == "cpp":
+        for call, (f32, f64) in PLAIN_CALLS.items():
+            expr = expr.replace(call + "(", (f32 if single else f64) + "(")
+    return "(" + expr + ")"
+
+
+# C++ calls spelled by name, not through <cmath>'s overloads (which are GCC
+# builtins): see CXX_FLAGS in codegen/build.py (no sin+cos -> sincos merging).
+PLAIN_CALLS = {"std::sin": ("sinf", "sin"), "std::cos": ("cosf", "cos")}
 
 
 def _operand(a: Term, names: dict[Term, str], target: str, single: bool) -> str:
