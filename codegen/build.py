@@ -74,10 +74,22 @@ def _verified(path: Path) -> bool:
 
 
 def _publish(tmp: Path, path: Path) -> None:
-    digest_tmp = tmp.with_name(tmp.name + ".sha256")
-    digest_tmp.write_text(_sha(tmp.read_bytes()))
-    os.replace(tmp, path)
-    os.replace(digest_tmp, path.with_name(path.name + ".sha256"))
+    """Move a finished artifact and its hash into place. Two processes building the
+    same entry at once each hold the entry's lock in turn; the second finds it
+    published and keeps it (their bytes may differ: the compiler records the
+    temporary file names), so an artifact never meets the other's hash."""
+    import fcntl
+
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if _verified(path):
+            tmp.unlink(missing_ok=True)
+            return
+        digest_tmp = tmp.with_name(tmp.name + ".sha256")
+        digest_tmp.write_text(_sha(tmp.read_bytes()))
+        os.replace(tmp, path)
+        os.replace(digest_tmp, path.with_name(path.name + ".sha256"))
 
 
 @cache

@@ -21,7 +21,7 @@ from ..engine.fuse import MATMULS, RESHAPES, body_terms
 from ..engine.ops import OpTable
 from ..engine.term import Term
 from .kernels import (TRITON_DTYPES, KernelSpec, KInput, RenderError, _contiguous, _header,
-                      _key, print_index, strided_offset, value_expr)
+                      _key, _names, print_index, strided_offset, value_expr)
 from .templates import render_template
 
 
@@ -88,12 +88,7 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
 
 
 def render_matmul(spec: KernelSpec, table: OpTable) -> str:
-    names: dict[Term, str] = {}
-    for t in spec.body:
-        if t.op == "arg":
-            names[t] = f"x{t.attr('index')}"
-        elif t.op != "const":
-            names[t] = f"t{len(names)}"
+    names = _names(spec)
     meta = spec.meta
     loads, stmts = [], []
     for i in meta["epilogue"]:

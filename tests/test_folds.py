@@ -35,7 +35,8 @@ def test_conv_bn_relu_eval_folds_to_one_convolution() -> None:
         rule = "conv-affine-fold" if bias else "conv-nobias-affine-fold"
         report.reset()
         with torch.no_grad():
-            assert_fires(rule, m, torch.randn(2, 3, 9, 7), times=1)
+            # NCHW kept: this is about the fold; tests/test_layout.py covers NHWC
+            assert_fires(rule, m, torch.randn(2, 3, 9, 7), times=1, conv_layout="keep")
         assert _aten_ops() == {"convolution": 1, "relu": 1}
 
 
