@@ -371,19 +371,19 @@ GELU_INF = (
     "but the fused kernel (OpenMP and Triton) uses the formula without fast_math.")
 
 
-@pytest.mark.parametrize("options", [
-    ATEN,
-    pytest.param(AUTO, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                                reason=GELU_INF)),
-    triton(pytest.mark.xfail(strict=True, raises=AssertionError, reason=GELU_INF)),
-], ids=lambda o: o["target"])
+@pytest.mark.parametrize("options", [ATEN, AUTO, triton()], ids=lambda o: o["target"])
 def test_gelu_of_inf_in_kernels(options: dict) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x * 2)  # two ops: one fused kernel
 
     x = torch.tensor([float("inf"), float("-inf"), 1.0])
     got = rewritec.compile(f, strict=True, **options)(x)
-    torch.testing.assert_close(got, f(x), equal_nan=True)
+    want = f(x)
+    # ATen's own answer depends on the CPU: nan where its vectorized erf path runs
+    # (seen with AVX-512), +inf on an AVX2 machine (torch 2.13), as the kernels give.
+    if options["target"] != "aten" and torch.isnan(want[0]) and not torch.isnan(got[0]):
+        pytest.xfail(GELU_INF)
+    torch.testing.assert_close(got, want, equal_nan=True)
 
 
 BF16_TRUNCATION = (
