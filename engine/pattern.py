@@ -4,6 +4,8 @@ A pattern is a tree of:
 - `PVar`: binds a sub-term (or an attribute value); the same name twice
   means the same term, which hash-consing makes an identity test;
 - `PAny`: `_`, matches anything and binds nothing;
+- `PBind`: `pattern as name` matches `pattern` and binds the term to `name`
+  (so a guard can ask, say, how many users an inner term has);
 - `PLit`: a literal; matches only a `const` term of equal value, so a
   constant in a pattern never silently becomes a wildcard;
 - `POp`: an op with argument patterns and attribute patterns. Attributes the
@@ -48,6 +50,12 @@ class PAny(Pattern):
 
 
 @dataclass(frozen=True)
+class PBind(Pattern):
+    name: str
+    inner: Pattern
+
+
+@dataclass(frozen=True)
 class PCat(Pattern):
     """`@pointwise`: any term whose op has this op-table category."""
 
@@ -68,6 +76,8 @@ class POp(Pattern):
 
 
 def size(p: Pattern) -> int:
+    if isinstance(p, PBind):
+        return size(p.inner)
     if isinstance(p, POp):
         return 1 + sum(size(a) for a in p.args) + sum(size(v) for _, v in p.attrs)
     return 1
@@ -111,6 +121,10 @@ class Compiler:
             return PAny(**pos) if node.name == "_" else PVar(node.name, **pos)
         if isinstance(node, S.Lit):
             return PLit(node.value, **pos)
+        if isinstance(node, S.Bind):
+            if node.name == "_":
+                raise self.error("`as _` binds nothing; drop it", node)
+            return PBind(node.name, self.pattern(node.value), **pos)
         if isinstance(node, S.Category):
             from .ops import CATEGORIES
 
@@ -204,6 +218,15 @@ class Matcher:
                 yield env
             else:
                 self.fail(depth, f"`{p.name}` is bound to a different term", t)
+        elif isinstance(p, PBind):
+            for env2 in self.match(p.inner, t, env, depth):
+                bound = env2.get(p.name)
+                if bound is None:
+                    yield {**env2, p.name: t}
+                elif bound is t:
+                    yield env2
+                else:
+                    self.fail(depth, f"`{p.name}` is bound to a different term", t)
         elif isinstance(p, PCat):
             info = self.table.get(t.op)
             if info is not None and info.category == p.category:

@@ -3,7 +3,7 @@
     rules:
       - name: mul-one                 # unique, kebab-case
         doc: "x * 1 -> x"             # the math, one line
-        kind: simplify                # decompose | simplify | fold | fuse
+        kind: simplify                # recognize | decompose | simplify | fold | fuse
         pattern: x * 1                # what to match
         replace: x                    # what to build instead
         where: [is_float(x)]          # optional guards
@@ -31,7 +31,7 @@ from .ops import CATEGORIES
 from .pattern import Compiler, Pattern, PCat, POp
 from .yamlio import load_yaml
 
-KINDS = ("decompose", "simplify", "fold", "fuse")
+KINDS = ("recognize", "decompose", "simplify", "fold", "fuse")
 FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls")
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
@@ -88,7 +88,7 @@ class Rule:
 
 
 def _pattern_vars(p: Pattern) -> set[str]:
-    from .pattern import PVar
+    from .pattern import PBind, PVar
 
     out: set[str] = set()
     stack = [p]
@@ -96,6 +96,9 @@ def _pattern_vars(p: Pattern) -> set[str]:
         q = stack.pop()
         if isinstance(q, PVar):
             out.add(q.name)
+        elif isinstance(q, PBind):
+            out.add(q.name)
+            stack.append(q.inner)
         elif isinstance(q, POp):
             stack.extend(q.args)
             stack.extend(v for _, v in q.attrs)

@@ -90,12 +90,20 @@ class Index(Node):
 
 
 @dataclass(frozen=True)
+class Bind(Node):
+    """`pattern as name`: the sub-term `pattern` matched, bound to `name`."""
+
+    value: Node
+    name: str
+
+
+@dataclass(frozen=True)
 class Seq(Node):
     kind: str  # tuple | list
     items: tuple[Node, ...]
 
 
-_NAMED_CONSTS = {"True": True, "False": False, "None": None}
+_NAMED_CONSTS = {"True": True, "False": False, "None": None, "inf": float("inf")}
 
 
 def _pos(meta: Any) -> dict[str, int]:
@@ -177,6 +185,9 @@ class _ToAst(lark.Transformer):
 
     def getattr(self, meta: Any, c: list[Any]) -> Node:
         return GetAttr(c[0], str(c[1]), **_pos(meta))
+
+    def bind(self, meta: Any, c: list[Any]) -> Node:
+        return Bind(c[0], str(c[1]), **_pos(meta))
 
     def index(self, meta: Any, c: list[Any]) -> Node:
         return Index(c[0], c[1], **_pos(meta))
@@ -287,6 +298,8 @@ def show(node: Node) -> str:
         return f"{show(node.value)}.{node.attr}"
     if isinstance(node, Index):
         return f"{show(node.value)}[{show(node.index)}]"
+    if isinstance(node, Bind):
+        return f"({show(node.value)} as {node.name})"
     if isinstance(node, Seq):
         inner = ", ".join(show(x) for x in node.items)
         return f"[{inner}]" if node.kind == "list" else f"({inner}{',' if len(node.items) == 1 else ''})"
