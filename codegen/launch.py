@@ -20,6 +20,7 @@ import torch
 
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import TORCH_DTYPES, Bridge
+from .attention import attention_launch, attention_spec, render_attention
 from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, render, spec_of
 from .matmul import matmul_launch_args
@@ -127,6 +128,20 @@ class MatmulLauncher(Launcher):
                           BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
                           num_warps=tile.num_warps, num_stages=tile.num_stages)
         return out
+
+
+class AttentionLauncher(Launcher):
+    """softmax(q @ kt * scale, masked) @ v in one kernel (codegen/attention.py); Triton only."""
+
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
+        self.spec = spec
+        self.kernel = kernel
+        self.fallback = fallback
+
+    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = attention_launch(self.spec, self.kernel, inputs)
+        return self.fallback(*inputs) if out is None else out
 
 
 def row_warps(block: int) -> int:
@@ -264,15 +279,20 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
         index = len(prepared.launchers) + len(failed)
         try:
             reduction = t.attr("template") == "reduction"
+            attention = t.attr("template") == "attention"
             if reduction:
                 # imported here: codegen/reduction_launch.py builds on this module's Launcher
                 from .reduction_launch import ReductionCppLauncher, ReductionTritonLauncher
-            spec = reduction_spec(t, index) if reduction else spec_of(t, index)
+            if attention and target != "triton":
+                raise RenderError(f"no {target} template for attention")
+            spec = (reduction_spec(t, index) if reduction else
+                    attention_spec(t, index) if attention else spec_of(t, index))
             if spec.kind == "row":
                 spec.meta["cols"] = _static(spec)
                 if target == "triton" and looped(spec):
                     spec.template = "row_looped"
             source = (render_reduction(spec, target) if reduction else
+                      render_attention(spec) if attention else
                       render_row_looped(spec) if spec.template == "row_looped" else
                       render(spec, target))
             fallback = aten_body(t, bridge or Bridge())
@@ -280,6 +300,8 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                 fn, path = load_triton(source, spec.name)
                 if spec.kind == "matmul":
                     launcher: Launcher = MatmulLauncher(spec, fn, fallback)
+                elif attention:
+                    launcher = AttentionLauncher(spec, fn, fallback)
                 elif reduction:
                     launcher = ReductionTritonLauncher(
                         spec, fn, load_triton(source, f"{spec.name}_combine")[0], fallback)

@@ -196,8 +196,20 @@ class ReductionSpace:
                    for a in m.args if a in members)
 
 
+class AttentionSpace:
+    """One `attention` op (rules/recognize/attention.yaml) and nothing else: its
+    operands are the kernel's inputs."""
+
+    def __init__(self, root: Term) -> None:
+        self.root = root
+
+    def fits(self, t: Term) -> bool:
+        return t is self.root and t.op == "attention"
+
+
 SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace,
-                                            "reduction": ReductionSpace, "matmul": MatmulSpace}
+                                            "reduction": ReductionSpace, "matmul": MatmulSpace,
+                                            "attention": AttentionSpace}
 
 
 @dataclass

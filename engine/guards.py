@@ -95,6 +95,11 @@ def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
         "value": lambda t: _const_value(_tensor(t)),
         "nonneg": _nonneg,
         "contiguous": lambda t: _contiguous(_tensor(t)),
+        # clone(x, memory_format=f) keeps x's layout: f is contiguous_format (spelled
+        # that way in rule examples, held as the torch object in captured graphs)
+        # and x is contiguous already
+        "keeps_layout": lambda t, f: str(f).removeprefix("torch.") == "contiguous_format"
+        and _contiguous(_tensor(t)),
         "identity_perm": lambda p: tuple(d % len(p) for d in p) == tuple(range(len(p))),
         "widens": lambda a, b: (a, b) in EXACT_WIDENING,
         "same_shape": lambda a, b: tuple(_tensor(a).meta.shape) == tuple(_tensor(b).meta.shape),

@@ -28,6 +28,9 @@ class Phase:
 
 
 PHASES: tuple[Phase, ...] = (
+    Phase("recognize", ("recognize",),
+          "replace whole idioms (attention written out as matmul, softmax, matmul) by the "
+          "one op a kernel template computes; first, before decomposition scatters them"),
     Phase("decompose", ("decompose",),
           "turn composite ops (gelu, softmax, layer_norm) into core ops that the "
           "simplifier and the fusers understand"),

@@ -152,14 +152,24 @@ class Rewriter:
             return done
         args = tuple(self._normalize(a) for a in t.args)
         if any(a is not b for a, b in zip(args, t.args, strict=True)):
-            # The rewrites below keep shape and dtype, so the old metadata still holds.
-            rebuilt = self.store.make(t.op, args, t.attrs, meta=t.meta)
+            # The rewrites below keep shape and dtype, so the old metadata still holds,
+            # but for a view's strides, which follow its input's: those are recomputed
+            # (guards such as keeps_layout read them).
+            rebuilt = self._rebuild(t, args)
         else:
             rebuilt = t
         result = self._rewrite_root(rebuilt)
         self.normal[t] = result
         self.normal[rebuilt] = result
         return result
+
+    def _rebuild(self, t: Term, args: tuple[Term, ...]) -> Term:
+        if self.table.category(t.op) == "view":
+            try:
+                return self.store.make(t.op, args, t.attrs)
+            except Exception:  # no meta hook, or one that cannot run this view
+                pass
+        return self.store.make(t.op, args, t.attrs, meta=t.meta)
 
     def _rewrite_root(self, t: Term) -> Term:
         for i, (term, _) in enumerate(self.active):

@@ -152,8 +152,9 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
 def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
                 env: dict[torch.fx.Node, Term], store: TermStore, bridge: Bridge,
                 meta: Any, nonce: tuple[tuple[str, Any], ...]) -> Term | None:
-    name = f"{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    info = bridge.table.by_aten.get(name)
+    namespace, _, base = target._schema.name.rpartition("::")
+    name = f"{base}.{target._overloadname}"
+    info = bridge.table.by_aten.get(name if namespace == "aten" else f"{namespace}::{name}")
     if info is None:
         return None
     schema_args = target._schema.arguments

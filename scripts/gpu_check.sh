@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call of the device tool (see benchmarks/README.md): install the carried wheels
+# (.whl/, e.g. lark, which the GPU machine lacks), run the GPU tests, then the benchmark.
+#   TESTS="tests/test_attention.py ..."  CASES=gpt2_block,mlp  PROBES=none|a,b
+set -u
+OUT=${OUT:-/tmp/rewritec-gpu}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+# the checkout is the package `rewritec`; an editable install also registers the
+# backend's entry point (torch.compile(..., backend="rewritec") by name)
+mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/rewritec
+export PYTHONPATH=/tmp/pkg:${PYTHONPATH:-}
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
+  || echo "(no editable install: backend='rewritec' by name is unavailable)"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ -n "${TESTS:-}" ]; then
+  python3 -m pytest -q -p no:logging $TESTS 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+fi
+if [ -n "${CASES:-}" ]; then
+  python3 -m benchmarks.run --device cuda --quick --cases "$CASES" \
+    --probe-cases "${PROBES:-none}" --out "$OUT/cuda.md" 2>&1 | tail -45
+fi
