@@ -37,7 +37,9 @@ def test_conv_bn_relu_eval_folds_to_one_convolution() -> None:
         with torch.no_grad():
             # NCHW kept: this is about the fold; tests/test_layout.py covers NHWC
             assert_fires(rule, m, torch.randn(2, 3, 9, 7), times=1, conv_layout="keep")
-        assert _aten_ops() == {"convolution": 1, "relu": 1}
+        # the folded bias is an add after the convolution, fused with the relu
+        assert _aten_ops() == {"convolution": 1}
+        assert [k["rules"] for r in report.RECORDS for k in r.kernels] == [["fuse-pointwise"]]
 
 
 def test_linear_bn_eval_folds_to_one_addmm() -> None:
