@@ -114,8 +114,9 @@ def spec_of(term: Term, index: int) -> KernelSpec:
         flat = last and a.meta.rank == rank and _contiguous(a, order) and (
             ashape == shape or (per_row and ashape == per_row_shape))
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank))
+    tile = _tile_dim(term, order, rank) if kind == "pointwise" else None
     ops = [t for t in body if t.op not in ("arg", "const")]
-    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dim,
+    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dim, tile,
                                   [(x.dtype, x.flat, x.per_row) for x in inputs])).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
@@ -123,7 +124,26 @@ def spec_of(term: Term, index: int) -> KernelSpec:
                       inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
                       rank=rank, replaced_ops=len(ops),
                       per_row_out=kind == "row" and tuple(root.meta.shape) != shape,
-                      meta={"dim": dim, "shape": shape, "order": order})
+                      meta={"dim": dim, "shape": shape, "order": order, "tile": tile})
+
+
+def _tile_dim(term: Term, order: tuple[int, ...] | None, rank: int) -> int | None:
+    """For a pointwise kernel with an input whose innermost dim is not the output's
+    (a layout change: NHWC read, NCHW written), that dim's position in the kernel's
+    space: the Triton kernel then runs in 2-d tiles over it and the space's innermost
+    dim, so both sides are accessed contiguously. None: one flat loop serves."""
+    space = list(order) if order is not None and len(order) == rank else list(range(rank))
+    shape = term.meta.shape
+    if rank < 2 or not isinstance(shape[space[-1]], int) or shape[space[-1]] < 8:
+        return None
+    for a in term.args:
+        if a.meta.kind != "tensor" or a.meta.rank != rank or len(a.meta.strides) != rank:
+            continue
+        inner = [k for k in range(rank) if a.meta.strides[k] == 1 and a.meta.shape[k] != 1]
+        if len(inner) == 1 and inner[0] != space[-1] and isinstance(a.meta.shape[inner[0]], int) \
+                and a.meta.shape[inner[0]] >= 8:
+            return space.index(inner[0])
+    return None
 
 
 def _key(t: Term) -> Any:
@@ -378,12 +398,51 @@ def _header(spec: KernelSpec, target: str, comment: str) -> list[str]:
             f"{comment} replaces {spec.replaced_ops} ATen op(s)"]
 
 
+def _subspace_offset(dims: list[int], sizes: list[sympy.Expr], strides: list[sympy.Expr],
+                     index: str) -> sympy.Expr:
+    """sum over `dims` (outermost first) of that dim's index in `index` times its stride."""
+    idx = sympy.Symbol(index, integer=True, nonnegative=True)
+    expr = sympy.Integer(0)
+    for n, k in enumerate(dims):
+        inner = sympy.Mul(*[sizes[d] for d in dims[n + 1:]])
+        q = sympy.floor(idx / inner) if n < len(dims) - 1 else idx
+        pos = q if n == 0 else sympy.Mod(q, sizes[k])
+        expr += pos * strides[k]
+    return expr
+
+
+def _tiled_offsets(spec: KernelSpec) -> tuple[dict[str, str], str]:
+    """Offsets for the tiled pointwise template: per input, and the output's."""
+    rank, y, x = spec.rank, spec.meta["tile"], spec.rank - 1
+    sizes = [sympy.Symbol(f"size{k}", integer=True, positive=True) for k in range(rank)]
+    dense = [sympy.Mul(*sizes[k + 1:]) for k in range(rank)]
+    zdims = [k for k in range(rank) if k not in (y, x)]
+
+    def offset(strides: list[sympy.Expr]) -> str:
+        z = print_index(_subspace_offset(zdims, sizes, strides, "z"), "triton") if zdims else "0"
+        return (f"{z} + offs_y[:, None] * ({print_index(strides[y], 'triton')}) "
+                f"+ offs_x[None, :] * ({print_index(strides[x], 'triton')})")
+
+    out = offset(dense)
+    offsets = {}
+    for inp in spec.inputs:
+        strides = dense if inp.flat else [sympy.Symbol(f"{inp.name}_stride{k}", integer=True)
+                                          for k in range(rank)]
+        offsets[inp.name] = offset(strides)
+    return offsets, out
+
+
 def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     names = _names(spec)
+    tiled = spec.template == "pointwise_tiled"
+    if tiled:
+        tile_offsets, tile_out = _tiled_offsets(spec)
     compute = "tl.float64" if spec.compute == "f64" else "tl.float32"
     loads, stmts = [], []
     for inp in spec.inputs:
-        if spec.kind == "pointwise":
+        if tiled:
+            off, mask = tile_offsets[inp.name], "mask"
+        elif spec.kind == "pointwise":
             off = "offs" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "offs"), "triton")
             mask = "mask"
         elif inp.per_row:
@@ -425,7 +484,9 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
         else:
             stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")
     result = names[spec.root]
-    if spec.kind == "pointwise":
+    if tiled:
+        out_off, out_mask = tile_out, "mask"
+    elif spec.kind == "pointwise":
         out_off, out_mask = "offs", "mask"
     elif spec.per_row_out:
         out_off, out_mask = "row", None
@@ -438,7 +499,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     return render_template(f"triton/{spec.template}.py.j2", header=_header(spec, "triton", "#"),
                            name=spec.name, params=params, loads=loads, stmts=stmts,
                            result=result, out_dtype=TRITON_DTYPES[spec.out_dtype],
-                           out_offset=out_off, out_mask=out_mask)
+                           out_offset=out_off, out_mask=out_mask,
+                           tile_y=spec.meta.get("tile"), tile_x=spec.rank - 1)
 
 
 def _render_cpp(spec: KernelSpec, table: OpTable) -> str:

@@ -82,6 +82,8 @@ class CppLauncher(Launcher):
 
 class TritonLauncher(Launcher):
     BLOCK_SIZE = 1024
+    TILE_Y = 64  # tiled pointwise kernels (layout changes): 64 x 64 values a program
+    TILE_X = 64
 
     def __init__(self, spec: KernelSpec, kernel: Any,
                  fallback: Callable[..., torch.Tensor]) -> None:
@@ -94,7 +96,14 @@ class TritonLauncher(Launcher):
         space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
         if out.numel() == 0:
             return out
-        if self.spec.kind == "pointwise":
+        tile = self.spec.meta.get("tile")
+        if self.spec.template == "pointwise_tiled":
+            # codegen/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
+            tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
+            grid = (out.numel() // (space[tile] * space[-1]) * tiles,)
+            self.kernel[grid](*tensors, out, out.numel(), *space, *strides,
+                              BLOCK_Y=self.TILE_Y, BLOCK_X=self.TILE_X)
+        elif self.spec.kind == "pointwise":
             n = out.numel()
             grid = (triton_cdiv(n, self.BLOCK_SIZE),)
             self.kernel[grid](*tensors, out, n, *space, *strides, BLOCK_SIZE=self.BLOCK_SIZE)
@@ -291,6 +300,8 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                 spec.meta["cols"] = _static(spec)
                 if target == "triton" and looped(spec):
                     spec.template = "row_looped"
+            elif spec.kind == "pointwise" and target == "triton" and spec.meta.get("tile") is not None:
+                spec.template = "pointwise_tiled"  # a layout change: 2-d tiles (kernels.py)
             source = (render_reduction(spec, target) if reduction else
                       render_attention(spec) if attention else
                       render_row_looped(spec) if spec.template == "row_looped" else
