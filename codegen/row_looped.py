@@ -58,6 +58,20 @@ def looped(spec: KernelSpec) -> bool:
     return cols > WIDE_MANY_INPUTS_COLS and row_inputs >= 3
 
 
+def _variance_of(t: Term) -> Term | None:
+    """The mean m when `t` is sum or mean of (e - m) * (e - m) along the row with
+    m = mean(e) (layer_norm's variance, as rules/decompose/norms.yaml writes it)."""
+    if t.op not in ("sum", "mean") or t.args[0].op != "mul":
+        return None
+    a, b = t.args[0].args
+    if a is not b or a.op != "sub" or a.attr("alpha", 1) != 1:
+        return None
+    e, m = a.args
+    if m.op != "mean" or m.args[0] is not e or m.attr("dim") != t.attr("dim"):
+        return None
+    return m
+
+
 def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     table = table or default_op_table()
     names = _names(spec)
@@ -91,8 +105,30 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
 
     row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
     passes: list[dict[str, Any]] = []
+    pass_of: dict[Term, dict[str, Any]] = {}  # a mean -> the pass that computes it
     for t in spec.body:
         if t.op in ("arg", "const") or t in done:
+            continue
+        mean = _variance_of(t)
+        if mean is not None and mean in pass_of:
+            # mean((e - m)^2) with m = mean(e): the pass computing m computes both, with
+            # Welford's updates (one read of the row fewer; exact 0 for equal values)
+            p = pass_of[mean]
+            m, acc = names[mean], f"{names[mean]}_acc"
+            e = names[mean.args[0]]
+            p["what"] = f"mean and variance of {e} (Welford)"
+            p["init"] += [f"{m}_m2 = tl.zeros([BLOCK_C], {compute})",
+                          f"{m}_n = tl.zeros([BLOCK_C], {compute})"]
+            p["body"][-1:] = [f"{m}_n += tl.where(mask, 1.0, 0.0)",
+                              f"{m}_d = tl.where(mask, {e} - {acc}, 0.0)",
+                              f"{acc} += {m}_d / tl.maximum({m}_n, 1.0)",
+                              f"{m}_m2 += {m}_d * tl.where(mask, {e} - {acc}, 0.0)"]
+            p["after"][0:2] = [f"{m}, {m}_m2s, {m}_ns = tl.reduce(({acc}, {m}_m2, {m}_n), 0, "
+                               "_welford_combine)"]
+            p["after"].insert(1, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
+                              else f"{names[t]} = {m}_m2s")
+            p["welford"] = True
+            done.add(t)
             continue
         if t.op in ROW_REDUCTIONS:
             acc = f"{names[t]}_acc"
@@ -104,6 +140,8 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                            "body": elem_lines([t.args[0]]) + [
                                triton_accumulate(t.op, acc, names[t.args[0]], "mask")],
                            "after": after})
+            if t.op == "mean":
+                pass_of[t] = passes[-1]
             done.add(t)
         elif _per_row(t, spec):
             (passes[-1]["after"] if passes else row_lines).append(stmt(t))
@@ -113,6 +151,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     params += [f"size{k}" for k in range(spec.rank)]
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
+                           welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body, result=names[spec.root],
                            per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])

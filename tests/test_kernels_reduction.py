@@ -304,6 +304,29 @@ def test_looped_rows_half_precision(narrow_rows_loop, fn, dtype: torch.dtype) ->
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+def test_looped_layer_norm_variance_in_one_pass(narrow_rows_loop) -> None:
+    """layer_norm's mean and variance come from one Welford pass over the row
+    (codegen/row_looped.py): rows of one repeated value get a variance of exactly
+    0, as ATen's, so sqrt(var) is 0, not nan; other rows match eager."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        var = ((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True)
+        return torch.sqrt(var) + F.layer_norm(x, x.shape[-1:])
+
+    x = torch.randn(6, 201) * 3 + 1
+    x[1] = 0.1
+    x[4] = -7.3
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(f, target="triton", strict=True, out_dir=None)(x)
+    torch.testing.assert_close(got, f(x), rtol=1e-4, atol=1e-4)
+    assert (got[1] == 0).all() and (got[4] == 0).all()
+    assert "triton/row_looped" in _templates()
+    sources = [open(k["source"]).read() for r in report.RECORDS for k in r.kernels]
+    assert any("_welford_combine" in s for s in sources)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fn", [softmax, log_softmax, rms_norm], ids=lambda f: f.__name__)
 def test_looped_rows_symbolic_width(fn) -> None:
     """A symbolic width loops whatever its run-time value (default threshold)."""
