@@ -44,15 +44,15 @@ def _warps(n: int) -> Callable[[int], int]:
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "chunk 2048": {"launch.LOOPED_BLOCK_C": 2048},
-    "chunk 8192": {"launch.LOOPED_BLOCK_C": 8192},
+    "no cache hints": {"row_looped.EVICTION_HINTS": False},
+    "chunk 4096": {"launch.LOOPED_BLOCK_C": 4096},
     "chunk 16384": {"launch.LOOPED_BLOCK_C": 16384},
-    "chunk 4096, 8 warps": {"launch.row_warps": _warps(8)},
-    "chunk 8192, 16 warps": {"launch.LOOPED_BLOCK_C": 8192, "launch.row_warps": _warps(16)},
+    "16 warps": {"launch.row_warps": _warps(16)},
     "persistent": {"row_looped.WIDE_MANY_INPUTS_COLS": 1 << 30},
     "looped": {"row_looped.PERSISTENT_ROW_MAX_COLS": 1024, "row_looped.WIDE_MANY_INPUTS_COLS": 1024},
-    "looped, chunk 8192": {"row_looped.PERSISTENT_ROW_MAX_COLS": 1024,
-                           "row_looped.WIDE_MANY_INPUTS_COLS": 1024, "launch.LOOPED_BLOCK_C": 8192},
+    "looped no hints": {"row_looped.PERSISTENT_ROW_MAX_COLS": 1024,
+                        "row_looped.WIDE_MANY_INPUTS_COLS": 1024,
+                        "row_looped.EVICTION_HINTS": False},
 }
 
 

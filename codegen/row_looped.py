@@ -37,8 +37,13 @@ from .templates import render_template
 # looped kernel too little parallelism at these row counts, so only rows wider than
 # 32K (where the persistent kernel would spill everything) loop.
 PERSISTENT_ROW_MAX_COLS = 32768
-# Columns per chunk of the looped template: 16 values a thread at 8 warps.
-LOOPED_BLOCK_C = 4096
+# Columns per chunk of the looped template: 8 values a thread at 32 warps. On an
+# H100 (1024 rows of 32K f32, benchmarks/row_variants.py) a layer_norm ran 0.157 /
+# 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
+LOOPED_BLOCK_C = 8192
+# Cache hints: the passes before the last read the row to keep it in L2
+# (evict_last), the last pass reads it for the last time (evict_first).
+EVICTION_HINTS = True
 
 
 # Past this width a row kernel reading three or more row-sized inputs (layer_norm's
@@ -77,20 +82,22 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     names = _names(spec)
     compute = TRITON_DTYPES[spec.compute]
 
-    def load(inp: KInput, idx: int) -> str:
+    def load(inp: KInput, idx: int, last: bool = False) -> str:
         row = print_index(strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
         cast = f".to({compute})"
         if inp.per_row:
             return f"x{idx} = tl.load({inp.name}_ptr + {'row' if inp.flat else row}){cast}"
         off = "row * n_cols + cols" if inp.flat else f"{row} + cols * {inp.name}_stride{spec.rank - 1}"
-        return f"x{idx} = tl.load({inp.name}_ptr + {off}, mask=mask, other=0){cast}"
+        hint = (f", eviction_policy='{'evict_first' if last else 'evict_last'}'"
+                if EVICTION_HINTS else "")
+        return f"x{idx} = tl.load({inp.name}_ptr + {off}, mask=mask, other=0{hint}){cast}"
 
     def stmt(t: Term) -> str:
         return f"{names[t]} = {value_expr(t, names, 'triton', table)}"
 
     done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
 
-    def elem_lines(targets: list[Term]) -> list[str]:
+    def elem_lines(targets: list[Term], last: bool = False) -> list[str]:
         """Element values the targets need (loads included), in body order; the
         search stops at per-row values, which earlier passes computed."""
         need: set[Term] = set()
@@ -100,8 +107,8 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             if t not in need:
                 need.add(t)
                 stack += [a for a in t.args if a.op != "const" and not _per_row(a, spec)]
-        return [load(spec.inputs[t.attr("index")], t.attr("index")) if t.op == "arg" else stmt(t)
-                for t in spec.body if t in need]
+        return [load(spec.inputs[t.attr("index")], t.attr("index"), last) if t.op == "arg"
+                else stmt(t) for t in spec.body if t in need]
 
     row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
     passes: list[dict[str, Any]] = []
@@ -146,7 +153,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
         elif _per_row(t, spec):
             (passes[-1]["after"] if passes else row_lines).append(stmt(t))
             done.add(t)
-    elem_body = [] if spec.per_row_out else elem_lines([spec.root])
+    elem_body = [] if spec.per_row_out else elem_lines([spec.root], last=True)
     params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr", "n_cols"]
     params += [f"size{k}" for k in range(spec.rank)]
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
