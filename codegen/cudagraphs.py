@@ -30,8 +30,11 @@ MAX_GRAPHS = 8
 # fp16 GPT-2 block (about 30 launches) ran 0.64 ms replayed against 0.72 ms, while
 # one-kernel graphs (a 8192x4096 layer_norm) ran 0.125 ms replayed against 0.072:
 # the input copy and output clone cost more than one launch. (Choosing by timing
-# both at capture proved unreliable: it picked replay for those.)
-AUTO_MIN_LAUNCHES = 12
+# both at capture proved unreliable: it picked replay for those.) Three launches
+# already wait on Python: conv+bn+relu (a copy kernel, the conv, the epilogue)
+# ran 0.101 ms replayed against 0.112, the ResNet block (5 launches) 0.167 against
+# 0.217 (H200); the fp16 MLP (2 launches) lost: 0.259 against 0.241.
+AUTO_MIN_LAUNCHES = 3
 # FX targets that make a graph ineligible: results would differ between replays
 # (random numbers) or land in the graph's buffers instead of the caller's tensors.
 UNSAFE = ("copy_", "rand", "bernoulli", "dropout", "normal", "uniform", "exponential",
