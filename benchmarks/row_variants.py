@@ -70,14 +70,16 @@ def main() -> None:
         want = inst.run(inst.fn)
         ind = compile_with(inst.fn, "inductor")
         inst.run(ind)
-        t_ind = triton.testing.do_bench(lambda: inst.run(ind), return_mode="median")
+        t_ind = triton.testing.do_bench(lambda inst=inst, ind=ind: inst.run(ind),
+                                        return_mode="median")
         for name in args.variants.split(","):
             try:
                 with patched(VARIANTS[name]):
                     fn = compile_with(inst.fn, "rewritec")
                     got = inst.run(fn)
                     bad = check_close(got, want, inst.rtol, inst.atol)
-                    t = triton.testing.do_bench(lambda: inst.run(fn), return_mode="median")
+                    t = triton.testing.do_bench(lambda inst=inst, fn=fn: inst.run(fn),
+                                                return_mode="median")
             except Exception as e:  # noqa: BLE001 - a variant that fails is a row, not the end
                 print(f"| {case} | {name} | — | {t_ind:.4f} | {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:120] if str(e) else ''} |", flush=True)

@@ -41,6 +41,12 @@ class Launcher:
     failed: bool = False
     strict: bool = False
 
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
+        self.spec = spec
+        self.kernel = kernel
+        self.fallback = fallback
+
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         if not self.failed:
             try:
@@ -87,9 +93,7 @@ class TritonLauncher(Launcher):
 
     def __init__(self, spec: KernelSpec, kernel: Any,
                  fallback: Callable[..., torch.Tensor]) -> None:
-        self.spec = spec
-        self.kernel = kernel
-        self.fallback = fallback
+        super().__init__(spec, kernel, fallback)
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -121,12 +125,6 @@ class TritonLauncher(Launcher):
 class MatmulLauncher(Launcher):
     """A matrix product with its epilogue (codegen/matmul.py); Triton only."""
 
-    def __init__(self, spec: KernelSpec, kernel: Any,
-                 fallback: Callable[..., torch.Tensor]) -> None:
-        self.spec = spec
-        self.kernel = kernel
-        self.fallback = fallback
-
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         args, out, tile = matmul_launch_args(self.spec, inputs)
         m, n = args[0], args[1]
@@ -141,12 +139,6 @@ class MatmulLauncher(Launcher):
 
 class AttentionLauncher(Launcher):
     """softmax(q @ kt * scale, masked) @ v in one kernel (codegen/attention.py); Triton only."""
-
-    def __init__(self, spec: KernelSpec, kernel: Any,
-                 fallback: Callable[..., torch.Tensor]) -> None:
-        self.spec = spec
-        self.kernel = kernel
-        self.fallback = fallback
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         out = attention_launch(self.spec, self.kernel, inputs)

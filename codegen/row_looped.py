@@ -130,8 +130,8 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                               f"{m}_d = tl.where(mask, {e} - {acc}, 0.0)",
                               f"{acc} += {m}_d / tl.maximum({m}_n, 1.0)",
                               f"{m}_m2 += {m}_d * tl.where(mask, {e} - {acc}, 0.0)"]
-            p["after"][0:2] = [f"{m}, {m}_m2s, {m}_ns = tl.reduce(({acc}, {m}_m2, {m}_n), 0, "
-                               "_welford_combine)"]
+            p["after"][0:2] = [(f"{m}, {m}_m2s, {m}_ns = tl.reduce(({acc}, {m}_m2, {m}_n), 0, "
+                                "_welford_combine)")]
             p["after"].insert(1, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
                               else f"{names[t]} = {m}_m2s")
             p["welford"] = True

@@ -211,22 +211,10 @@ class Matcher:
         if isinstance(p, PAny):
             yield env
         elif isinstance(p, PVar):
-            bound = env.get(p.name)
-            if bound is None:
-                yield {**env, p.name: t}
-            elif bound is t:
-                yield env
-            else:
-                self.fail(depth, f"`{p.name}` is bound to a different term", t)
+            yield from self._bind(p.name, t, env, depth)
         elif isinstance(p, PBind):
             for env2 in self.match(p.inner, t, env, depth):
-                bound = env2.get(p.name)
-                if bound is None:
-                    yield {**env2, p.name: t}
-                elif bound is t:
-                    yield env2
-                else:
-                    self.fail(depth, f"`{p.name}` is bound to a different term", t)
+                yield from self._bind(p.name, t, env2, depth)
         elif isinstance(p, PCat):
             info = self.table.get(t.op)
             if info is not None and info.category == p.category:
@@ -241,6 +229,16 @@ class Matcher:
                 self.fail(depth, f"expected the constant {p.value!r}", t)
         elif isinstance(p, POp):
             yield from self._match_op(p, t, env, depth)
+
+    def _bind(self, name: str, t: Term, env: Env, depth: int) -> Iterator[Env]:
+        """`name` bound to `t`: a new binding, or the same term bound before."""
+        bound = env.get(name)
+        if bound is None:
+            yield {**env, name: t}
+        elif bound is t:
+            yield env
+        else:
+            self.fail(depth, f"`{name}` is bound to a different term", t)
 
     def _match_op(self, p: POp, t: Term, env: Env, depth: int) -> Iterator[Env]:
         if t.op != p.op:

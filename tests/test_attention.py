@@ -11,11 +11,10 @@ import math
 import os
 
 import pytest
-import torch
-from torch import nn
-
 import rewritec
+import torch
 from rewritec import report
+from torch import nn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -95,7 +94,8 @@ def test_self_attention_kernel(b: int, t: int, dim: int, heads: int, mask: str,
     assert fired(rule if b > 1 else f"{rule}-views") == 1  # B = 1: operands merged by views
     kernels = attention_kernels()
     assert len(kernels) == 1, [k["rules"] for r in report.RECORDS for k in r.kernels]
-    source = open(kernels[0]["source"]).read()
+    with open(kernels[0]["source"]) as f:
+        source = f.read()
     assert "rule: fuse-attention @ rules/fuse/kernels.yaml" in source
     # the head split and merge are views of the kernel's operands and result
     assert fired("fuse-copy") == 0
@@ -107,7 +107,7 @@ def test_causal_mask_skips_the_mask() -> None:
     """A frozen tril mask is recognized as causal: the kernel masks by index."""
     model = SelfAttention(32, 2, 40, "causal").to(DEVICE, torch.float16).eval()
     x = torch.randn(2, 40, 32, device=DEVICE, dtype=torch.float16)
-    import rewritec.codegen.launch as launch
+    from rewritec.codegen import launch
 
     seen: list[bool] = []
     spec = launch.attention_spec

@@ -7,17 +7,28 @@ Every case also checks which template made the kernel."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import rewritec
 import torch
 import torch.nn.functional as F
-
-import rewritec
 from rewritec import report
 from rewritec.codegen import launch, row_looped
 from rewritec.codegen.build import cxx
 from rewritec.codegen.reduction_launch import ReductionTritonLauncher
-from test_kernels import (INTERPRETED, TARGETS, _check, _layout, col_sum, layer_norm,
-                          log_softmax, rms_norm, row_sum, softmax)
+from test_kernels import (
+    INTERPRETED,
+    TARGETS,
+    _check,
+    _layout,
+    col_sum,
+    layer_norm,
+    log_softmax,
+    rms_norm,
+    row_sum,
+    softmax,
+)
 
 
 def _templates() -> set[str]:
@@ -322,8 +333,8 @@ def test_looped_layer_norm_variance_in_one_pass(narrow_rows_loop) -> None:
     torch.testing.assert_close(got, f(x), rtol=1e-4, atol=1e-4)
     assert (got[1] == 0).all() and (got[4] == 0).all()
     assert "triton/row_looped" in _templates()
-    sources = [open(k["source"]).read() for r in report.RECORDS for k in r.kernels]
-    assert any("_welford_combine" in s for s in sources)
+    paths = [Path(k["source"]) for r in report.RECORDS for k in r.kernels]
+    assert any("_welford_combine" in p.read_text() for p in paths)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
