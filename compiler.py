@@ -104,12 +104,11 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     runner itself falls back to `fn` for CPU arguments or a failed capture."""
     if opts.cudagraphs == "off" or not torch.cuda.is_available():
         return fn
-    from .codegen.cudagraphs import AUTO_MIN_LAUNCHES, CudaGraphRunner, eligible
+    from .codegen.cudagraphs import CudaGraphRunner, auto_declines, eligible
 
     why_not = eligible(gm, kind, aliased_outputs=False)
-    launches = sum(rec.fallback_ops.values()) + len(rec.kernels)
-    if why_not is None and opts.cudagraphs == "auto" and launches < AUTO_MIN_LAUNCHES:
-        why_not = f"{launches} launch(es), fewer than {AUTO_MIN_LAUNCHES} (auto)"
+    if why_not is None and opts.cudagraphs == "auto":
+        why_not = auto_declines(dict(rec.fallback_ops), rec.kernels)
     if why_not is not None:
         rec.cudagraphs = f"off: {why_not}"
         return fn

@@ -14,7 +14,8 @@ The runner keeps results exactly as without it:
   parameters that are the very tensors seen at capture, and returns clones of
   the graph's outputs, so no result is overwritten by a later call;
 - under `auto`, only graphs of at least AUTO_MIN_LAUNCHES kernel launches and
-  ATen calls are replayed; any capture error means the plain wrapper from then on.
+  ATen calls (AUTO_MIN_LAUNCHES_NO_MATMUL without matrix products) are replayed;
+  any capture error means the plain wrapper from then on.
 """
 
 from __future__ import annotations
@@ -30,11 +31,29 @@ MAX_GRAPHS = 8
 # fp16 GPT-2 block (about 30 launches) ran 0.64 ms replayed against 0.72 ms, while
 # one-kernel graphs (a 8192x4096 layer_norm) ran 0.125 ms replayed against 0.072:
 # the input copy and output clone cost more than one launch. (Choosing by timing
-# both at capture proved unreliable: it picked replay for those.) Three launches
-# already wait on Python: conv+bn+relu (a copy kernel, the conv, the epilogue)
-# ran 0.101 ms replayed against 0.112, the ResNet block (5 launches) 0.167 against
-# 0.217 (H200); the fp16 MLP (2 launches) lost: 0.259 against 0.241.
-AUTO_MIN_LAUNCHES = 3
+# both at capture proved unreliable: it picked replay for those.)
+AUTO_MIN_LAUNCHES = 12
+# Graphs without matrix products wait on Python from 3 launches: conv+bn+relu (a
+# copy kernel, the conv, the epilogue) ran 0.101 ms replayed against 0.112, the
+# ResNet block (5 launches) 0.167 against 0.217 (H200). With products the GPU is
+# busy long enough: the fp16 MLP (cuBLAS, gelu, cuBLAS) lost, 0.257 against 0.241.
+AUTO_MIN_LAUNCHES_NO_MATMUL = 3
+MATMUL_OPS = ("mm", "addmm", "bmm")
+MATMUL_TEMPLATES = ("triton/matmul", "triton/attention")
+
+
+def auto_declines(aten_ops: dict[str, int], kernels: list[dict[str, Any]]) -> str | None:
+    """Under `auto`: why a graph of these ATen calls and kernels is not replayed."""
+    launches = sum(aten_ops.values()) + len(kernels)
+    products = any(aten_ops.get(op) for op in MATMUL_OPS) or any(
+        k.get("template") in MATMUL_TEMPLATES for k in kernels)
+    least = AUTO_MIN_LAUNCHES if products else AUTO_MIN_LAUNCHES_NO_MATMUL
+    if launches < least:
+        kind = "with" if products else "without"
+        return f"{launches} launch(es) {kind} matrix products, fewer than {least} (auto)"
+    return None
+
+
 # FX targets that make a graph ineligible: results would differ between replays
 # (random numbers) or land in the graph's buffers instead of the caller's tensors.
 UNSAFE = ("copy_", "rand", "bernoulli", "dropout", "normal", "uniform", "exponential",

@@ -87,3 +87,21 @@ def test_auto_leaves_short_graphs_alone() -> None:
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     decided = [r.cudagraphs for r in report.RECORDS if r.cudagraphs]
     assert decided and all("fewer than" in d for d in decided)
+
+
+def test_auto_threshold_counts_launches_and_products() -> None:
+    """auto replays graphs of 3+ launches without matrix products (Python-bound:
+    conv + epilogues), but needs 12+ where cuBLAS products keep the GPU busy."""
+    from rewritec.codegen.cudagraphs import auto_declines
+
+    conv_block = {"convolution": 1}, [{"template": "triton/pointwise_tiled"},
+                                      {"template": "triton/pointwise"}]
+    assert auto_declines(*conv_block) is None
+    mlp = {"addmm": 2}, [{"template": "triton/pointwise"}]
+    assert "with matrix products, fewer than 12" in auto_declines(*mlp)
+    attention = {}, [{"template": "triton/attention"}] * 2 + [{"template": "triton/row"}] * 2
+    assert "fewer than 12" in auto_declines(*attention)
+    one_kernel = {}, [{"template": "triton/row"}]
+    assert "1 launch(es) without matrix products, fewer than 3" in auto_declines(*one_kernel)
+    many = {"addmm": 6}, [{"template": "triton/row"}] * 6
+    assert auto_declines(*many) is None
