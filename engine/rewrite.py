@@ -164,7 +164,10 @@ class Rewriter:
         return result
 
     def _rebuild(self, t: Term, args: tuple[Term, ...]) -> Term:
-        if self.table.category(t.op) == "view":
+        # Only a view whose input now has other strides needs the meta hook (a fake
+        # tensor run, the bulk of a rewrite's time if done for every rebuilt view).
+        if self.table.category(t.op) == "view" and any(
+                a.meta.strides != b.meta.strides for a, b in zip(args, t.args, strict=True)):
             try:
                 return self.store.make(t.op, args, t.attrs)
             except Exception:  # noqa: BLE001, S110 - no meta hook, or one that cannot run this view: keep the old
