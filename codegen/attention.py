@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.term import Term
-from .kernels import TRITON_DTYPES, KernelSpec, KInput, RenderError, _header
+from .kernels import TRITON_DTYPES, KernelSpec, KInput, RenderError, _header, block_pow2
 from .templates import render_template
 
 
@@ -114,10 +114,6 @@ def render_attention(spec: KernelSpec) -> str:
                            operand_cast=operand_cast, dot_args=dot_args)
 
 
-def _pow2(n: int) -> int:
-    return max(16, 1 << (n - 1).bit_length())
-
-
 def attention_launch(spec: KernelSpec, kernel: Any, inputs: tuple[Any, ...]) -> Any:
     import torch
 
@@ -130,16 +126,17 @@ def attention_launch(spec: KernelSpec, kernel: Any, inputs: tuple[Any, ...]) -> 
     if b * h * tq * dv == 0 or tk == 0:
         return None  # nothing to tile (no keys: eager's zeros, not 0 / 0); the caller uses ATen
     out = torch.empty((b, tq, h, dv), dtype=q.dtype, device=q.device).transpose(1, 2)
+    read_mask = meta["mask"] is not None and not meta["causal"]
     mask_strides = [0, 0, 0, 0]
     mask = q  # any pointer: not read without HAS_MASK
-    if meta["mask"] is not None and not meta["causal"]:
+    if read_mask:
         mask = inputs[meta["mask"]].expand(b, h, tq, tk)
         mask_strides = list(mask.stride())
     tile = choose_tile(d, q.device.type == "cpu")
     grid = (-(-tq // tile.block_m), b * h)
     kernel[grid](q, kt, v, mask, out, h, tq, tk, meta["scale"], *q.stride(), *kt.stride(),
-                 *v.stride(), *mask_strides, *out.stride(), D=d, DV=dv, BLOCK_D=_pow2(d),
-                 BLOCK_DV=_pow2(dv), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                 HAS_MASK=meta["mask"] is not None and not meta["causal"],
-                 IS_CAUSAL=meta["causal"], num_warps=tile.num_warps, num_stages=tile.num_stages)
+                 *v.stride(), *mask_strides, *out.stride(), D=d, DV=dv, BLOCK_D=block_pow2(d),
+                 BLOCK_DV=block_pow2(dv), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                 HAS_MASK=read_mask, IS_CAUSAL=meta["causal"], num_warps=tile.num_warps,
+                 num_stages=tile.num_stages)
     return out

@@ -197,17 +197,28 @@ def strided_offset(rank: int, name: str, index: str, skip_last: bool = False) ->
 
     Sizes are `size{k}`, strides `{name}_stride{k}`; sympy drops the modulo of the
     outermost dim (index < numel) and the division of the innermost."""
-    idx = sympy.Symbol(index, integer=True, nonnegative=True)
     sizes = [sympy.Symbol(f"size{k}", integer=True, positive=True) for k in range(rank)]
-    dims = range(rank - 1) if skip_last else range(rank)
-    last = rank - 2 if skip_last else rank - 1
+    strides = [sympy.Symbol(f"{name}_stride{k}", integer=True) for k in range(rank)]
+    return subspace_offset(list(range(rank - 1 if skip_last else rank)), sizes, strides, index)
+
+
+def subspace_offset(dims: list[int], sizes: list[sympy.Expr], strides: list[sympy.Expr],
+                    index: str) -> sympy.Expr:
+    """The offset of linear position `index` in the space of `dims` only (outermost
+    first): each dim's index, (index // prod(inner sizes)) % size, times its stride."""
+    idx = sympy.Symbol(index, integer=True, nonnegative=True)
     expr = sympy.Integer(0)
-    for k in dims:
-        inner = sympy.Mul(*sizes[k + 1:last + 1]) if k < last else sympy.Integer(1)
-        q = sympy.floor(idx / inner) if k < last else idx
-        pos = q if k == 0 else sympy.Mod(q, sizes[k])
-        expr += pos * sympy.Symbol(f"{name}_stride{k}", integer=True)
+    for n, k in enumerate(dims):
+        inner = sympy.Mul(*[sizes[d] for d in dims[n + 1:]])
+        q = sympy.floor(idx / inner) if n < len(dims) - 1 else idx
+        pos = q if n == 0 else sympy.Mod(q, sizes[k])
+        expr += pos * strides[k]
     return expr
+
+
+def block_pow2(n: int) -> int:
+    """A power-of-two block of at least n (and 16, tl.dot's least) values."""
+    return max(16, 1 << (n - 1).bit_length())
 
 
 def print_index(expr: sympy.Expr, target: str) -> str:
@@ -398,19 +409,6 @@ def _header(spec: KernelSpec, target: str, comment: str) -> list[str]:
             f"{comment} replaces {spec.replaced_ops} ATen op(s)"]
 
 
-def _subspace_offset(dims: list[int], sizes: list[sympy.Expr], strides: list[sympy.Expr],
-                     index: str) -> sympy.Expr:
-    """sum over `dims` (outermost first) of that dim's index in `index` times its stride."""
-    idx = sympy.Symbol(index, integer=True, nonnegative=True)
-    expr = sympy.Integer(0)
-    for n, k in enumerate(dims):
-        inner = sympy.Mul(*[sizes[d] for d in dims[n + 1:]])
-        q = sympy.floor(idx / inner) if n < len(dims) - 1 else idx
-        pos = q if n == 0 else sympy.Mod(q, sizes[k])
-        expr += pos * strides[k]
-    return expr
-
-
 def _tiled_offsets(spec: KernelSpec) -> tuple[dict[str, str], str]:
     """Offsets for the tiled pointwise template: per input, and the output's."""
     rank, y, x = spec.rank, spec.meta["tile"], spec.rank - 1
@@ -419,7 +417,7 @@ def _tiled_offsets(spec: KernelSpec) -> tuple[dict[str, str], str]:
     zdims = [k for k in range(rank) if k not in (y, x)]
 
     def offset(strides: list[sympy.Expr]) -> str:
-        z = print_index(_subspace_offset(zdims, sizes, strides, "z"), "triton") if zdims else "0"
+        z = print_index(subspace_offset(zdims, sizes, strides, "z"), "triton") if zdims else "0"
         return (f"{z} + offs_y[:, None] * ({print_index(strides[y], 'triton')}) "
                 f"+ offs_x[None, :] * ({print_index(strides[x], 'triton')})")
 

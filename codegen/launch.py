@@ -22,7 +22,7 @@ from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import TORCH_DTYPES, Bridge
 from .attention import attention_launch, attention_spec, render_attention
 from .build import BuildError, build_cpp, load_triton
-from .kernels import KernelSpec, RenderError, render, spec_of
+from .kernels import KernelSpec, RenderError, block_pow2, render, spec_of
 from .matmul import matmul_launch_args
 from .reduction import reduction_spec, render_reduction
 from .row_looped import LOOPED_BLOCK_C, looped, render_row_looped
@@ -114,7 +114,7 @@ class TritonLauncher(Launcher):
         else:
             cols = space[-1]
             rows = _numel(space) // cols
-            block = max(16, 1 << (cols - 1).bit_length())
+            block = block_pow2(cols)
             if self.spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
                 block = min(block, LOOPED_BLOCK_C)
             self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
