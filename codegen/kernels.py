@@ -53,6 +53,7 @@ class KInput:
     flat: bool  # contiguous with the space's shape: offset is the linear index
     per_row: bool  # row kernels: one value per row ([R..., 1])
     rank: int  # the space's rank (strides are passed for every dim)
+    shared: bool = False  # row kernels: one row for every row (layer_norm's weight)
 
 
 @dataclass
@@ -113,7 +114,10 @@ def spec_of(term: Term, index: int) -> KernelSpec:
         per_row = dim is not None and ashape[dim] == 1 and shape[dim] != 1
         flat = last and a.meta.rank == rank and _contiguous(a, order) and (
             ashape == shape or (per_row and ashape == per_row_shape))
-        inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank))
+        shared = dim is not None and not per_row and any(
+            shape[k] != 1 for k in range(rank) if k != dim) and all(
+            ashape[k] == 1 for k in range(rank) if k != dim)
+        inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank, shared))
     tile = _tile_dim(term, order, rank) if kind == "pointwise" else None
     ops = [t for t in body if t.op not in ("arg", "const")]
     digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dim, tile,
@@ -219,6 +223,16 @@ def subspace_offset(dims: list[int], sizes: list[sympy.Expr], strides: list[symp
 def block_pow2(n: int) -> int:
     """A power-of-two block of at least n (and 16, tl.dot's least) values."""
     return max(16, 1 << (n - 1).bit_length())
+
+
+def row_width_param(spec: KernelSpec) -> str:
+    """A Triton row kernel's `n_cols` parameter: a compile-time constant when the
+    width is static, so that masks of full chunks fold away and the looped
+    kernel's loops have a known trip count the compiler unrolls, keeping several
+    chunks' loads in flight (H200, 1024 rows of 32K f32 layer_norm: see
+    benchmarks/results/cuda.md). A symbolic width stays a run-time argument."""
+    cols = spec.meta["shape"][spec.meta["dim"]]
+    return "n_cols: tl.constexpr" if isinstance(cols, int) else "n_cols"
 
 
 def print_index(expr: sympy.Expr, target: str) -> str:
@@ -491,7 +505,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     else:
         out_off, out_mask = "row * n_cols + cols", "mask"
     params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
-    params += ["n_elements"] if spec.kind == "pointwise" else ["n_cols"]
+    params += ["n_elements"] if spec.kind == "pointwise" else [row_width_param(spec)]
     params += [f"size{k}" for k in range(spec.rank)]
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template(f"triton/{spec.template}.py.j2", header=_header(spec, "triton", "#"),

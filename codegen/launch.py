@@ -25,7 +25,8 @@ from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, block_pow2, render, spec_of
 from .matmul import matmul_launch_args
 from .reduction import reduction_spec, render_reduction
-from .row_looped import LOOPED_BLOCK_C, looped, render_row_looped
+from . import row_looped
+from .row_looped import looped, render_row_looped
 
 
 class KernelFallback(UserWarning):
@@ -116,7 +117,7 @@ class TritonLauncher(Launcher):
             rows = _numel(space) // cols
             block = block_pow2(cols)
             if self.spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
-                block = min(block, LOOPED_BLOCK_C)
+                block = row_looped.chunk(self.spec, block)
             self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
                                  num_warps=row_warps(block))
         return out

@@ -25,42 +25,52 @@ from .kernels import (
     _names,
     _per_row,
     print_index,
+    row_width_param,
     strided_offset,
     value_expr,
 )
 from .reduction import FILL, triton_accumulate, triton_finish
 from .templates import render_template
 
-# Widest row (static columns) the persistent template takes. Measured on an H200
-# at 1024 rows of 32K f32: persistent softmax 0.075 ms, rms_norm 0.080, layer_norm
-# 0.163 (it spills); looped 0.136, 0.105 and 0.137. One program per row leaves the
-# looped kernel too little parallelism at these row counts, so only rows wider than
-# 32K (where the persistent kernel would spill everything) loop.
-PERSISTENT_ROW_MAX_COLS = 32768
-# Columns per chunk of the looped template: 8 values a thread at 32 warps. On an
-# H100 (1024 rows of 32K f32, benchmarks/row_variants.py) a layer_norm ran 0.157 /
-# 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
+# Widest row (static columns) the persistent template takes. Wider rows loop.
+# With the width a compile-time constant (kernels.row_width_param), a looped
+# kernel reading a row as one chunk, twice (once for the statistics, again,
+# mostly from L1/L2, for the outputs), beat holding the row in registers from 4K
+# columns. H200, f32, benchmarks/row_variants.py, looped / persistent / Inductor ms:
+#   1024 rows of 32K: layer_norm 0.081 / 0.158 / 0.086, rms_norm 0.071 / 0.092 /
+#   0.071, softmax 0.076 / 0.086 / 0.101;
+#   8192 rows of 4K: layer_norm 0.0695 / 0.0712 / 0.0682, rms_norm 0.0673 / 0.0702 /
+#   0.0677, softmax 0.0686 / 0.0697 / 0.0850;
+#   32768 rows of 1K: equal within 1%. 2K is unmeasured.
+PERSISTENT_ROW_MAX_COLS = 2048
+# Columns per chunk of the looped template when the width is static: the whole
+# row up to 32K (32 values a thread at 32 warps), so a 32K row is one chunk.
+STATIC_LOOPED_BLOCK_C = 32768
+# ... and when it is symbolic, where the loop's trip count is unknown: 8 values a
+# thread at 32 warps. On an H100 (1024 rows of 32K f32, run-time width) a layer_norm
+# ran 0.157 / 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
 LOOPED_BLOCK_C = 8192
 # Cache hints: the passes before the last read the row to keep it in L2
-# (evict_last), the last pass reads it for the last time (evict_first).
+# (evict_last), the last pass reads it for the last time (evict_first); a row that
+# every row shares (layer_norm's weight and bias) is always evict_last.
 EVICTION_HINTS = True
-
-
-# Past this width a row kernel reading three or more row-sized inputs (layer_norm's
-# x, weight and bias) loops: they keep that many more row-sized values alive, and
-# the persistent kernel spills (H200, 32K f32 layer_norm: 0.163 ms persistent,
-# 0.137 ms looped), where softmax (one input) and rms_norm (two) do not.
-WIDE_MANY_INPUTS_COLS = 16384
+# The last pass walks the row's chunks from the last: the chunks the pass before it
+# read most recently are the likeliest still in L1/L2. Off: on the H200 it won
+# 1-5% for some chunk sizes and lost as much for others (benchmarks/row_variants.py).
+REVERSE_LAST_PASS = False
 
 
 def looped(spec: KernelSpec) -> bool:
     """Whether a Triton row kernel loops over its rows: they are wide, or their
     width is symbolic (one kernel serves every width, so plan for wide ones)."""
     cols = spec.meta["shape"][spec.meta["dim"]]
-    if not isinstance(cols, int) or cols > PERSISTENT_ROW_MAX_COLS:
-        return True
-    row_inputs = sum(not i.per_row for i in spec.inputs)
-    return cols > WIDE_MANY_INPUTS_COLS and row_inputs >= 3
+    return not isinstance(cols, int) or cols > PERSISTENT_ROW_MAX_COLS
+
+
+def chunk(spec: KernelSpec, block: int) -> int:
+    """BLOCK_C of a looped kernel whose row fits a power-of-two block of `block`."""
+    static = isinstance(spec.meta["shape"][spec.meta["dim"]], int)
+    return min(block, STATIC_LOOPED_BLOCK_C if static else LOOPED_BLOCK_C)
 
 
 def _variance_of(t: Term) -> Term | None:
@@ -88,7 +98,9 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
         if inp.per_row:
             return f"x{idx} = tl.load({inp.name}_ptr + {'row' if inp.flat else row}){cast}"
         off = "row * n_cols + cols" if inp.flat else f"{row} + cols * {inp.name}_stride{spec.rank - 1}"
-        hint = (f", eviction_policy='{'evict_first' if last else 'evict_last'}'"
+        # rows shared by every row (weights) stay in cache; a row's own values leave
+        # it on their last read
+        hint = (f", eviction_policy='{'evict_first' if last and not inp.shared else 'evict_last'}'"
                 if EVICTION_HINTS else "")
         return f"x{idx} = tl.load({inp.name}_ptr + {off}, mask=mask, other=0{hint}){cast}"
 
@@ -154,11 +166,12 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             (passes[-1]["after"] if passes else row_lines).append(stmt(t))
             done.add(t)
     elem_body = [] if spec.per_row_out else elem_lines([spec.root], last=True)
-    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr", "n_cols"]
+    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr", row_width_param(spec)]
     params += [f"size{k}" for k in range(spec.rank)]
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
                            welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body, result=names[spec.root],
+                           reverse_last=REVERSE_LAST_PASS and bool(passes),
                            per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])

@@ -287,11 +287,14 @@ def test_split_reduction_epilogue_and_nan(splits: list[int]) -> None:
 
 
 # ------------------------------------------------------------------ looped row kernel (Triton)
-@pytest.fixture
-def narrow_rows_loop(monkeypatch) -> None:
-    """Rows past 64 columns loop, in chunks of 64: wide rows for the interpreter."""
+@pytest.fixture(params=[False, True], ids=["last-pass-forward", "last-pass-reversed"])
+def narrow_rows_loop(monkeypatch, request) -> None:
+    """Rows past 64 columns loop, in chunks of 64: wide rows for the interpreter; the
+    last pass walks the chunks forward or from the last (row_looped.REVERSE_LAST_PASS)."""
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
-    monkeypatch.setattr(launch, "LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(row_looped, "LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(row_looped, "STATIC_LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(row_looped, "REVERSE_LAST_PASS", request.param)
 
 
 ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]
@@ -360,13 +363,24 @@ def test_wide_row_threshold(extra: int, template: str) -> None:
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
-@pytest.mark.parametrize("extra, template", [(0, "row"), (1, "row_looped")])
-def test_wide_row_with_three_inputs_loops_earlier(extra: int, template: str) -> None:
-    """layer_norm reads x, weight and bias along the row: it loops from 16K columns."""
-    from rewritec.codegen import row_looped
-
-    cols = row_looped.WIDE_MANY_INPUTS_COLS + extra
-    _run(layer_norm, "triton", torch.randn(2, cols), torch.randn(cols), template=template)
+@pytest.mark.parametrize("cols, blocks", [(100, (128, 64)), (300, (512, 64))])
+def test_looped_chunk_static_and_symbolic(monkeypatch, cols: int, blocks: tuple) -> None:
+    """A static width loops over chunks of up to STATIC_LOOPED_BLOCK_C, a symbolic
+    one over LOOPED_BLOCK_C (codegen/row_looped.py: chunk)."""
+    monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
+    monkeypatch.setattr(row_looped, "STATIC_LOOPED_BLOCK_C", 512)
+    monkeypatch.setattr(row_looped, "LOOPED_BLOCK_C", 64)
+    seen = []
+    real = row_looped.chunk
+    monkeypatch.setattr(row_looped, "chunk", lambda spec, block: seen.append(real(spec, block))
+                        or seen[-1])
+    x, w = torch.randn(3, cols), torch.randn(cols)
+    _run(rms_norm, "triton", x, w, template="row_looped")
+    assert seen[-1] == blocks[0]
+    torch._dynamo.reset()
+    f = rewritec.compile(rms_norm, target="triton", strict=True, dynamic=True)
+    torch.testing.assert_close(f(x, w), rms_norm(x, w), rtol=1e-4, atol=1e-4)
+    assert seen[-1] == blocks[1]
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
