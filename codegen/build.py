@@ -27,6 +27,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from . import triton_startup
+
 # -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
 # -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
 # sincosf, which libmvec cannot vectorize (sin(x)^2 + cos(x)^2 ran 3x slower than
@@ -170,6 +172,7 @@ def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:
 
 def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
     """Write (or reuse) the module file and import the @triton.jit kernel from it."""
+    triton_startup.wait()  # a start-up begun by the backend finishes first
     key = _sha(source.encode())
     root = cache_dir()
     path = root / f"{key}.py"

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from ..codegen import triton_startup
 from ..compiler import compile_fx
 from ..options import Options
 from .decompositions import decomposition_table
@@ -32,6 +33,9 @@ def _is_buffer(node: torch.fx.Node) -> bool:
 def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
                      options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
     opts = Options.make(options)
+    if opts.target in ("auto", "triton") and any(
+            isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        triton_startup.start()  # overlaps Triton's own start-up with tracing
     # Parameters and buffers arrive as graph inputs; remember which, for folding
     # in inference graphs (frontend/fold.py guards that against later updates).
     params = [isinstance(x, torch.nn.Parameter) or _is_buffer(n)
