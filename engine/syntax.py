@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lark
+if TYPE_CHECKING:
+    import lark
 
 from .errors import RuleError, Where
 
@@ -112,89 +113,99 @@ def _pos(meta: Any) -> dict[str, int]:
     return {"line": meta.line, "col": meta.column}
 
 
-@lark.v_args(meta=True)
-class _ToAst(lark.Transformer):
-    def var(self, meta: Any, c: list[Any]) -> Node:
-        name = str(c[0])
-        if name in _NAMED_CONSTS:
-            return Lit(_NAMED_CONSTS[name], **_pos(meta))
-        return Var(name, **_pos(meta))
+@cache
+def _to_ast() -> Any:
+    """The lark Transformer from parse trees to the AST. lark is imported on first
+    use: a process whose rules come from the rule cache never parses."""
+    import lark
 
-    def category(self, meta: Any, c: list[Any]) -> Node:
-        return Category(str(c[0]), **_pos(meta))
+    @lark.v_args(meta=True)
+    class _ToAst(lark.Transformer):
+        def var(self, meta: Any, c: list[Any]) -> Node:
+            name = str(c[0])
+            if name in _NAMED_CONSTS:
+                return Lit(_NAMED_CONSTS[name], **_pos(meta))
+            return Var(name, **_pos(meta))
 
-    def number(self, meta: Any, c: list[Any]) -> Node:
-        text = str(c[0])
-        value: int | float = float(text) if any(ch in text for ch in ".eE") else int(text)
-        return Lit(value, **_pos(meta))
+        def category(self, meta: Any, c: list[Any]) -> Node:
+            return Category(str(c[0]), **_pos(meta))
 
-    def string(self, meta: Any, c: list[Any]) -> Node:
-        return Lit(str(c[0])[1:-1], **_pos(meta))
+        def number(self, meta: Any, c: list[Any]) -> Node:
+            text = str(c[0])
+            value: int | float = float(text) if any(ch in text for ch in ".eE") else int(text)
+            return Lit(value, **_pos(meta))
 
-    def tuple(self, meta: Any, c: list[Any]) -> Node:
-        return Seq("tuple", tuple(x for x in c if x is not None), **_pos(meta))
+        def string(self, meta: Any, c: list[Any]) -> Node:
+            return Lit(str(c[0])[1:-1], **_pos(meta))
 
-    def list(self, meta: Any, c: list[Any]) -> Node:
-        return Seq("list", tuple(x for x in c if x is not None), **_pos(meta))
+        def tuple(self, meta: Any, c: list[Any]) -> Node:
+            return Seq("tuple", tuple(x for x in c if x is not None), **_pos(meta))
 
-    def call(self, meta: Any, c: list[Any]) -> Node:
-        args: list[Node] = []
-        kwargs: list[tuple[str, Node]] = []
-        for a in (c[1] if len(c) > 1 and c[1] is not None else []):
-            if isinstance(a, tuple):
-                kwargs.append(a)
-            elif kwargs:
-                raise RuleError("positional argument after keyword argument",
-                                Where("", getattr(a, "line", 0), getattr(a, "col", 0)))
-            else:
-                args.append(a)
-        return Call(str(c[0]), tuple(args), tuple(kwargs), **_pos(meta))
+        def list(self, meta: Any, c: list[Any]) -> Node:
+            return Seq("list", tuple(x for x in c if x is not None), **_pos(meta))
 
-    def arguments(self, meta: Any, c: list[Any]) -> list[Any]:
-        return [x for x in c if x is not None]
+        def call(self, meta: Any, c: list[Any]) -> Node:
+            args: list[Node] = []
+            kwargs: list[tuple[str, Node]] = []
+            for a in (c[1] if len(c) > 1 and c[1] is not None else []):
+                if isinstance(a, tuple):
+                    kwargs.append(a)
+                elif kwargs:
+                    raise RuleError("positional argument after keyword argument",
+                                    Where("", getattr(a, "line", 0), getattr(a, "col", 0)))
+                else:
+                    args.append(a)
+            return Call(str(c[0]), tuple(args), tuple(kwargs), **_pos(meta))
 
-    def kwarg(self, meta: Any, c: list[Any]) -> tuple[str, Node]:
-        return (str(c[0]), c[1])
+        def arguments(self, meta: Any, c: list[Any]) -> list[Any]:
+            return [x for x in c if x is not None]
 
-    def binop(self, meta: Any, c: list[Any]) -> Node:
-        return BinOp(str(c[1]), c[0], c[2], **_pos(meta))
+        def kwarg(self, meta: Any, c: list[Any]) -> tuple[str, Node]:
+            return (str(c[0]), c[1])
 
-    def pow(self, meta: Any, c: list[Any]) -> Node:
-        return BinOp("**", c[0], c[2], **_pos(meta))
+        def binop(self, meta: Any, c: list[Any]) -> Node:
+            return BinOp(str(c[1]), c[0], c[2], **_pos(meta))
 
-    def neg(self, meta: Any, c: list[Any]) -> Node:
-        if isinstance(c[0], Lit) and isinstance(c[0].value, int | float) \
-                and not isinstance(c[0].value, bool):
-            return Lit(-c[0].value, **_pos(meta))
-        return Neg(c[0], **_pos(meta))
+        def pow(self, meta: Any, c: list[Any]) -> Node:
+            return BinOp("**", c[0], c[2], **_pos(meta))
 
-    def not_(self, meta: Any, c: list[Any]) -> Node:
-        return Not(c[0], **_pos(meta))
+        def neg(self, meta: Any, c: list[Any]) -> Node:
+            if isinstance(c[0], Lit) and isinstance(c[0].value, int | float) \
+                    and not isinstance(c[0].value, bool):
+                return Lit(-c[0].value, **_pos(meta))
+            return Neg(c[0], **_pos(meta))
 
-    def and_(self, meta: Any, c: list[Any]) -> Node:
-        return BoolOp("and", c[0], c[1], **_pos(meta))
+        def not_(self, meta: Any, c: list[Any]) -> Node:
+            return Not(c[0], **_pos(meta))
 
-    def or_(self, meta: Any, c: list[Any]) -> Node:
-        return BoolOp("or", c[0], c[1], **_pos(meta))
+        def and_(self, meta: Any, c: list[Any]) -> Node:
+            return BoolOp("and", c[0], c[1], **_pos(meta))
 
-    def compare(self, meta: Any, c: list[Any]) -> Node:
-        return Compare(c[1], c[0], c[2], **_pos(meta))
+        def or_(self, meta: Any, c: list[Any]) -> Node:
+            return BoolOp("or", c[0], c[1], **_pos(meta))
 
-    def comp_op(self, meta: Any, c: list[Any]) -> str:
-        return " ".join(str(t) for t in c)
+        def compare(self, meta: Any, c: list[Any]) -> Node:
+            return Compare(c[1], c[0], c[2], **_pos(meta))
 
-    def getattr(self, meta: Any, c: list[Any]) -> Node:
-        return GetAttr(c[0], str(c[1]), **_pos(meta))
+        def comp_op(self, meta: Any, c: list[Any]) -> str:
+            return " ".join(str(t) for t in c)
 
-    def bind(self, meta: Any, c: list[Any]) -> Node:
-        return Bind(c[0], str(c[1]), **_pos(meta))
+        def getattr(self, meta: Any, c: list[Any]) -> Node:
+            return GetAttr(c[0], str(c[1]), **_pos(meta))
 
-    def index(self, meta: Any, c: list[Any]) -> Node:
-        return Index(c[0], c[1], **_pos(meta))
+        def bind(self, meta: Any, c: list[Any]) -> Node:
+            return Bind(c[0], str(c[1]), **_pos(meta))
+
+        def index(self, meta: Any, c: list[Any]) -> Node:
+            return Index(c[0], c[1], **_pos(meta))
+
+    return _ToAst
 
 
 @cache
 def _parser() -> lark.Lark:
+    import lark
+
     grammar = (Path(__file__).parent / "grammar.lark").read_text()
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
@@ -212,6 +223,8 @@ EXAMPLE_ERRORS: list[tuple[str, str]] = [
 
 
 def _hint(text: str, err: lark.exceptions.LarkError) -> str:
+    import lark
+
     if isinstance(err, lark.exceptions.UnexpectedEOF) or (
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
         return "expression ends too early (unbalanced parenthesis or missing operand?)"
@@ -232,9 +245,11 @@ def parse_expr(text: str, where: Where | None = None) -> Node:
     where = where or Where("<expr>", 1, 1)
     if not isinstance(text, str):
         raise RuleError(f"expected an expression string, got {type(text).__name__}", where)
+    import lark
+
     try:
         tree = _parser().parse(text)
-        return _ToAst().transform(tree)
+        return _to_ast()().transform(tree)
     except lark.exceptions.VisitError as e:
         inner = e.orig_exc
         if isinstance(inner, RuleError):

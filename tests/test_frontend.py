@@ -307,3 +307,19 @@ def test_export_and_compile_matches_eager() -> None:
         torch.testing.assert_close(compiled(x), model(x), **tol(torch.float32))
         y = torch.randn(6, 16)  # other values, same shape
         torch.testing.assert_close(compiled(y), model(y), **tol(torch.float32))
+
+
+def test_decomposition_table_is_export_default_without_implicit_ops() -> None:
+    """frontend/decompositions.py builds core ATen's table without export's
+    CompositeImplicitAutograd entries (those decompose while tracing anyway):
+    every other entry, and the same function for each, must be there."""
+    from torch._decomp import core_aten_decompositions
+
+    from rewritec.frontend.decompositions import _core_aten
+
+    ours, export = _core_aten(), dict(core_aten_decompositions())
+    assert not [op for op in ours if op not in export]
+    explicit = [op for op in export if not torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), "CompositeImplicitAutograd")]
+    assert [op for op in explicit if op not in ours] == []
+    assert all(ours[op] is export[op] for op in ours)
