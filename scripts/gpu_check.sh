@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call of the device tool (see benchmarks/README.md): install the carried wheels
 # (.whl/, e.g. lark, which the GPU machine lacks), run the GPU tests, then the benchmark.
-#   TESTS="tests/test_attention.py ..."  CASES=gpt2_block,mlp  PROBES=none|a,b
+#   TESTS="tests/test_attention.py ..."  CASES=all|gpt2_block,mlp  PROBES=none|default|a,b
 set -u
 OUT=${OUT:-/tmp/rewritec-gpu}
 mkdir -p "$OUT"
@@ -21,6 +21,9 @@ if [ -n "${TESTS:-}" ]; then
   python3 -m pytest -q -p no:logging $TESTS 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
 fi
 if [ -n "${CASES:-}" ]; then
-  python3 -m benchmarks.run --device cuda --quick --cases "$CASES" \
-    --probe-cases "${PROBES:-none}" --out "$OUT/cuda.md" 2>&1 | tail -45
+  # CASES=all runs every case; PROBES=default probes --quick's default cases
+  SEL=(--cases "$CASES"); [ "$CASES" = all ] && SEL=()
+  PRB=(--probe-cases "${PROBES:-none}"); [ "${PROBES:-}" = default ] && PRB=()
+  python3 -m benchmarks.run --device cuda --quick "${SEL[@]}" "${PRB[@]}" \
+    --out "$OUT/cuda.md" 2>&1 | tail -45
 fi
