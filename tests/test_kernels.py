@@ -7,6 +7,7 @@ a fusion that silently stops firing fails here."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -218,3 +219,21 @@ def test_layout_change_runs_in_tiles(shape: tuple[int, ...], dtype: torch.dtype)
     assert got.stride() == want.stride()
     templates = [k["template"] for r in report.RECORDS for k in r.kernels]
     assert templates == ["triton/pointwise_tiled"], templates
+
+
+def layer_norm_weight_only(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], y)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm_weight_only(target: str, dtype: torch.dtype) -> None:
+    """rules/decompose/norms.yaml layer-norm-weight-only(-half): a weight and no bias
+    decomposes and fuses like the affine layer_norm (it ran as ATen's op before)."""
+    x, w = torch.randn(6, 40).to(dtype), torch.randn(40).to(dtype)
+    _check(layer_norm_weight_only, target, x, w, tol=2e-2 if dtype == torch.bfloat16 else None)
+    fired = sum((r.rules_fired for r in report.RECORDS), Counter())
+    assert fired["layer-norm-weight-only"] == 1, fired  # in bf16: on the f32 copies
+    assert fired["layer-norm-weight-only-half"] == (dtype == torch.bfloat16), fired
+    left = sum((r.fallback_ops for r in report.RECORDS), Counter())
+    assert set(left) <= {"to"}, left  # bf16 <-> f32 casts stay ATen calls, as for layer-norm-half
