@@ -174,18 +174,23 @@ class _Geometry:
     strides: tuple[int, ...]  # strided inputs' strides in the space's order
 
 
-def _geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
-    """The launch geometry, computed once per combination of input sizes and strides
-    (a compiled graph sees the same few each call): it costs more Python time than
-    the launch itself (torch.broadcast_shapes alone ~30 us)."""
+def cached_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
+                    compute: Callable[[KernelSpec, tuple[torch.Tensor, ...]], Any]) -> Any:
+    """`compute(spec, inputs)`, once per combination of input sizes and strides (a
+    compiled graph sees the same few each call): a launch geometry costs more
+    Python time than the launch itself (torch.broadcast_shapes alone ~30 us)."""
     key = tuple((x.shape, x.stride()) for x in inputs)
     cache = spec.meta.setdefault("geometry", {})
     geometry = cache.get(key)
     if geometry is None:
-        geometry = _compute_geometry(spec, inputs)
+        geometry = compute(spec, inputs)
         if len(cache) < 64:
             cache[key] = geometry
     return geometry
+
+
+def _geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
+    return cached_geometry(spec, inputs, _compute_geometry)
 
 
 def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:

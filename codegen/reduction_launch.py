@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..frontend.aten import TORCH_DTYPES
 from .kernels import KernelSpec
-from .launch import CppLauncher, Launcher, _numel, triton_cdiv
+from .launch import CppLauncher, Launcher, _numel, cached_geometry, triton_cdiv
 from .reduction import stride_params
 
 
@@ -114,15 +115,39 @@ def _sm_count(device: torch.device) -> int:
     return 32
 
 
+@dataclass(frozen=True)
+class _ReductionGeometry:
+    """What a reduction launch needs of its inputs' sizes and strides."""
+
+    space: tuple[int, ...]  # kept dims first, reduced dims last
+    out_shape: tuple[int, ...]
+    flat: tuple[bool, ...]  # per input: passed contiguous, read by linear index
+    strides: tuple[int, ...]  # in launch order (codegen/reduction.py: stride_params)
+    n_out: int
+    n_red: int
+    inner: bool
+
+
 def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
                        out_dtype: torch.dtype
-                       ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], list[int],
-                                  int, int, bool]:
+                       ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor],
+                                  tuple[int, ...], int, int, bool]:
     """Run-time sizes of the input space with the kept dims first and the reduced
     dims last, the output, the inputs as passed, their strides in launch order
     (codegen/reduction.py: stride_params), the numbers of outputs and of reduced
     elements per output, and whether the first prologue input is laid out with
-    the reduction innermost (the Triton launcher's tile shape follows it)."""
+    the reduction innermost (the Triton launcher's tile shape follows it).
+    The geometry is computed once per combination of input sizes and strides
+    (launch.cached_geometry)."""
+    g = cached_geometry(spec, inputs, _reduction_geometry)
+    device = inputs[0].device if inputs else torch.device("cpu")
+    out = torch.empty(g.out_shape, dtype=out_dtype, device=device)
+    tensors = [x.contiguous() if flat else x for x, flat in zip(inputs, g.flat, strict=True)]
+    return g.space, out, tensors, g.strides, g.n_out, g.n_red, g.inner
+
+
+def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
+                        ) -> _ReductionGeometry:
     meta = spec.meta
     dims, kept = meta["dims"], meta["kept"]
     shape = list(torch.broadcast_shapes(*(x.shape for x, p in zip(inputs, meta["phases"],
@@ -131,21 +156,20 @@ def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     space = tuple(shape[k] for k in kept + list(dims))
     out_shape = [1 if k in dims else shape[k] for k in range(spec.rank)] if meta["keepdim"] \
         else [shape[k] for k in kept]
-    device = inputs[0].device if inputs else torch.device("cpu")
-    out = torch.empty(out_shape, dtype=out_dtype, device=device)
-    tensors, strides, inner = [], [], None
+    flags, strides, inner = [], [], None
     for i, x in enumerate(inputs):
         phases = meta["phases"][i]
         if inner is None and "in" in phases:
             st = x.expand(shape).stride()
             inner = not kept or abs(st[dims[-1]]) <= abs(st[kept[-1]])
-        flat = all(meta["in_flat"][i] if p == "in" else meta["out_flat"][i] for p in phases)
-        tensors.append(x.contiguous() if flat else x)
+        flags.append(all(meta["in_flat"][i] if p == "in" else meta["out_flat"][i]
+                         for p in phases))
         if "in" in phases and not meta["in_flat"][i]:
             st = x.expand(shape).stride()
             strides.extend(st[k] for k in kept + list(dims))
         if "out" in phases and not meta["out_flat"][i]:
             st = x.expand(out_shape).stride()
             strides.extend([st[k] for k in kept] if meta["keepdim"] else st)
-    return space, out, tensors, strides, _numel(tuple(shape[k] for k in kept)), \
-        _numel(tuple(shape[k] for k in dims)), inner is not False
+    return _ReductionGeometry(space, tuple(out_shape), tuple(flags), tuple(strides),
+                              _numel(tuple(shape[k] for k in kept)),
+                              _numel(tuple(shape[k] for k in dims)), inner is not False)
