@@ -26,6 +26,7 @@ from .kernels import (
     _per_row,
     print_index,
     row_width_param,
+    static_width,
     strided_offset,
     value_expr,
 )
@@ -63,13 +64,13 @@ REVERSE_LAST_PASS = False
 def looped(spec: KernelSpec) -> bool:
     """Whether a Triton row kernel loops over its rows: they are wide, or their
     width is symbolic (one kernel serves every width, so plan for wide ones)."""
-    cols = spec.meta["shape"][spec.meta["dim"]]
-    return not isinstance(cols, int) or cols > PERSISTENT_ROW_MAX_COLS
+    cols = static_width(spec)
+    return cols is None or cols > PERSISTENT_ROW_MAX_COLS
 
 
 def chunk(spec: KernelSpec, block: int) -> int:
     """BLOCK_C of a looped kernel whose row fits a power-of-two block of `block`."""
-    static = isinstance(spec.meta["shape"][spec.meta["dim"]], int)
+    static = static_width(spec) is not None
     return min(block, STATIC_LOOPED_BLOCK_C if static else LOOPED_BLOCK_C)
 
 
