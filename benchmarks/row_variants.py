@@ -3,7 +3,7 @@
     python -m benchmarks.row_variants [--cases layer_norm_32k,rms_norm_32k,softmax_32k]
 
 Each variant patches choices of codegen/row_looped.py or codegen/launch.py (the
-looped kernel's chunk, its warps, where rows start to loop, the last pass's order), compiles the case
+looped kernel's chunk, its warps, where rows start to loop), compiles the case
 with rewritec, checks it against eager and prints the median time (do_bench) with
 Inductor's alongside. The numbers behind those constants come from here.
 """
@@ -48,21 +48,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "8 warps": {"launch.row_warps": _warps(8)},
     "16 warps": {"launch.row_warps": _warps(16)},
     "32 warps": {"launch.row_warps": _warps(32)},
-    "reverse last pass": {"row_looped.REVERSE_LAST_PASS": True},
     "persistent": {"row_looped.PERSISTENT_ROW_MAX_COLS": 1 << 30},
     "looped": {"row_looped.PERSISTENT_ROW_MAX_COLS": 1024},
 }
 for _w in (4, 8, 16, 32):
     VARIANTS[f"looped {_w} warps"] = {"row_looped.PERSISTENT_ROW_MAX_COLS": 512,
                                       "launch.row_warps": _warps(_w)}
-# looped kernels over (chunk, warps), forward and reversed last pass
+# looped kernels over (chunk, warps)
 for _chunk, _w in ((2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16), (8192, 32),
                    (16384, 32), (32768, 32)):
-    for _rev in (False, True):
-        VARIANTS[f"looped {_chunk}/{_w}{' reversed' if _rev else ''}"] = {
-            "row_looped.PERSISTENT_ROW_MAX_COLS": 1024,
-            "row_looped.STATIC_LOOPED_BLOCK_C": _chunk, "launch.row_warps": _warps(_w),
-            "row_looped.REVERSE_LAST_PASS": _rev}
+    VARIANTS[f"looped {_chunk}/{_w}"] = {
+        "row_looped.PERSISTENT_ROW_MAX_COLS": 1024,
+        "row_looped.STATIC_LOOPED_BLOCK_C": _chunk, "launch.row_warps": _warps(_w)}
 
 def main() -> None:
     import triton.testing

@@ -20,12 +20,12 @@ import torch
 
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import TORCH_DTYPES, Bridge
+from . import row_looped
 from .attention import attention_launch, attention_spec, render_attention
 from .build import BuildError, build_cpp, load_triton
 from .kernels import KernelSpec, RenderError, block_pow2, render, spec_of
 from .matmul import matmul_launch_args
 from .reduction import reduction_spec, render_reduction
-from . import row_looped
 from .row_looped import looped, render_row_looped
 
 

@@ -55,10 +55,9 @@ LOOPED_BLOCK_C = 8192
 # (evict_last), the last pass reads it for the last time (evict_first); a row that
 # every row shares (layer_norm's weight and bias) is always evict_last.
 EVICTION_HINTS = True
-# The last pass walks the row's chunks from the last: the chunks the pass before it
-# read most recently are the likeliest still in L1/L2. Off: on the H200 it won
-# 1-5% for some chunk sizes and lost as much for others (benchmarks/row_variants.py).
-REVERSE_LAST_PASS = False
+# The last pass walks the chunks in order. Walking them from the last (the chunks
+# read most recently are likelier in L1/L2) was measured on the H200 and dropped: it
+# won 1-5% for some chunk sizes and lost as much for others; at 32K a row is one chunk.
 
 
 def looped(spec: KernelSpec) -> bool:
@@ -174,5 +173,4 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                            welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body, result=names[spec.root],
-                           reverse_last=REVERSE_LAST_PASS and bool(passes),
                            per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])

@@ -17,7 +17,6 @@ from torch._decomp import core_aten_decompositions
 from ..engine.ops import default_op_table
 from .aten import overload
 
-
 # Outside core ATen's post-autograd list but in export's default table, which
 # adds them beside the CompositeImplicitAutograd ops (those decompose while
 # AOTAutograd traces, table or not).

@@ -14,7 +14,7 @@ import rewritec
 import torch
 import torch.nn.functional as F
 from rewritec import report
-from rewritec.codegen import launch, row_looped
+from rewritec.codegen import row_looped
 from rewritec.codegen.build import cxx
 from rewritec.codegen.reduction_launch import ReductionTritonLauncher
 from test_kernels import (
@@ -287,14 +287,12 @@ def test_split_reduction_epilogue_and_nan(splits: list[int]) -> None:
 
 
 # ------------------------------------------------------------------ looped row kernel (Triton)
-@pytest.fixture(params=[False, True], ids=["last-pass-forward", "last-pass-reversed"])
-def narrow_rows_loop(monkeypatch, request) -> None:
-    """Rows past 64 columns loop, in chunks of 64: wide rows for the interpreter; the
-    last pass walks the chunks forward or from the last (row_looped.REVERSE_LAST_PASS)."""
+@pytest.fixture
+def narrow_rows_loop(monkeypatch) -> None:
+    """Rows past 64 columns loop, in chunks of 64: wide rows for the interpreter."""
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
     monkeypatch.setattr(row_looped, "LOOPED_BLOCK_C", 64)
     monkeypatch.setattr(row_looped, "STATIC_LOOPED_BLOCK_C", 64)
-    monkeypatch.setattr(row_looped, "REVERSE_LAST_PASS", request.param)
 
 
 ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]

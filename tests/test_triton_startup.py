@@ -7,9 +7,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
-
 import rewritec
+import torch
 from rewritec.codegen import triton_startup
 
 
