@@ -10,11 +10,11 @@ back to running the captured FX graph eagerly, with a warning naming why
 
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -27,8 +27,8 @@ from .frontend.aten import Bridge
 from .frontend.convert import fx_to_terms
 from .options import Options
 
-_graph_ids = itertools.count()
-
+if TYPE_CHECKING:
+    from .frontend.graph_cache import Artifact
 
 class RewritecWarning(UserWarning):
     """rewritec fell back to ATen/eager for part or all of a graph."""
@@ -64,19 +64,22 @@ def dump_graph(graph: Graph) -> str:
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, *,
                kind: str, params: list[bool] | None = None,
-               param_values: list[Any] | None = None) -> Any:
+               param_values: list[Any] | None = None,
+               keep: Callable[[Artifact], None] | None = None) -> Any:
     """Compile one ATen-level FX graph; returns a boxed callable (takes a list).
 
     `param_values` (real parameter tensors by input position) allows freezing
-    an inference graph; see `frontend/fold.py` for when that is sound.
+    an inference graph; see `frontend/fold.py` for when that is sound. `keep`, if
+    given, receives what the graph cache stores of a successful compilation.
     """
-    name = f"g{next(_graph_ids)}_{kind}"
+    name = report.graph_name(kind)
     rec = report.GraphRecord(name=name, kind=kind)
     report.RECORDS.append(rec)
     start = time.perf_counter()
     frozen = _freezable(opts, kind, params, param_values)
+    parts: dict[str, Any] = {}
     try:
-        fn = _compile(gm, example_inputs, opts, name, rec, params, frozen)
+        fn = _compile(gm, example_inputs, opts, name, rec, params, frozen, parts)
         if frozen:
             from .frontend.fold import FrozenGuard
 
@@ -85,7 +88,14 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
                 return _compile(gm, example_inputs, opts, sub.name, sub, params, None)
 
             fn = FrozenGuard(frozen, fn, unfrozen)
+        guarded = fn
         fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec)
+        if keep is not None and not parts["kernel_fallbacks"]:
+            from .frontend.graph_cache import Artifact
+
+            keep(Artifact(name=name, source=parts["lowered"].source,
+                          globals=parts["lowered"].globals, frozen=frozen or {},
+                          steps=parts["steps"], cudagraphs=fn is not guarded, record=rec))
     except Exception as e:  # noqa: BLE001 - any failure means: run the graph eagerly
         reason = _reason(e)
         if opts.strict:
@@ -225,7 +235,12 @@ def _boxed(fn: Any) -> Any:
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str,
              rec: report.GraphRecord, params: list[bool] | None,
-             frozen: dict[int, torch.Tensor] | None) -> Any:
+             frozen: dict[int, torch.Tensor] | None, parts: dict[str, Any] | None = None) -> Any:
+    """The compilation itself; `parts` (if given) receives the lowered wrapper, the
+    fold steps and the count of kernels that went back to ATen, for the graph cache."""
+    parts = {} if parts is None else parts
+    parts["steps"] = {}
+    parts["kernel_fallbacks"] = 0
     bridge = Bridge(_fake_mode(example_inputs))
     conv = fx_to_terms(gm, bridge, params, frozen)
     graph = conv.graph
@@ -239,10 +254,11 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
 
         target = choose_target(opts, graph)
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
-                              folder=make_folder(conv.store, bridge), is_frozen=is_frozen,
+                              folder=make_folder(conv.store, bridge, parts["steps"]),
+                              is_frozen=is_frozen,
                               can_compile=compilable(target),
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
-                                                    bridge, rec.layout))
+                                                    bridge, rec.layout, parts["steps"]))
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason
@@ -259,10 +275,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                                    strict=opts.strict, out_dir=opts.out_dir, name=name,
                                    bridge=bridge)
         graph, launchers = prepared.graph, prepared.launchers
+        parts["kernel_fallbacks"] = prepared.failed
         rec.kernels.extend(prepared.records)
     lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=clones,
                     launchers=launchers)
     rec.fallback_ops.update(lowered.fallback_ops)
+    parts["lowered"] = lowered
     if opts.out_dir:
         out = Path(opts.out_dir)
         out.mkdir(parents=True, exist_ok=True)

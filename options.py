@@ -6,7 +6,7 @@ fill in what the call leaves out: REWRITEC_RULES (extra rule paths, separated
 by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET,
 REWRITEC_STATS=1 (print per-rule statistics when the process exits),
 REWRITEC_CONV_LAYOUT (auto, channels_last or keep), REWRITEC_CUDAGRAPHS (auto,
-on or off).
+on or off), REWRITEC_GRAPH_CACHE=0 (no graph cache).
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class Options:
     # off, or auto: graphs of at least AUTO_MIN_LAUNCHES launches, where Python's
     # launch cost outweighs the graph's input copies and output clones.
     cudagraphs: str = "auto"
+    # Keep compiled inference graphs in $REWRITEC_CACHE_DIR/graphs and reuse them when
+    # the same TorchDynamo graph comes again, skipping AOTAutograd, the rules and code
+    # generation (frontend/graph_cache.py). REWRITEC_GRAPH_CACHE=0 turns it off.
+    graph_cache: bool = True
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
@@ -97,6 +101,8 @@ class Options:
         if given["cudagraphs"] not in CUDAGRAPHS:
             raise RewritecError(f"cudagraphs must be one of {CUDAGRAPHS}, "
                                 f"not {given['cudagraphs']!r}")
+        given.setdefault("graph_cache",
+                         os.environ.get("REWRITEC_GRAPH_CACHE", "1") not in ("0", ""))
         if "disable" in given:
             given["disable"] = tuple(given["disable"])
         return cls(**given)

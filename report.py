@@ -6,6 +6,7 @@ them into `report.json` and a summary table.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,6 +29,9 @@ class GraphRecord:
     # CUDA-graph replay (codegen/cudagraphs.py): on/off and why, once decided.
     cudagraphs: str = ""
     compile_seconds: float = 0.0
+    # Loaded from the graph cache (frontend/graph_cache.py): the rules and kernels
+    # listed are those of the compilation that stored it.
+    cached: bool = False
     files: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -42,6 +46,13 @@ class GraphRecord:
 
 
 RECORDS: list[GraphRecord] = []
+_graph_ids = itertools.count()
+
+
+def graph_name(kind: str) -> str:
+    """A process-wide unique name for a compiled graph: g0_inference, g1_forward, ..."""
+    return f"g{next(_graph_ids)}_{kind}"
+
 # Per-rule statistics summed over every graph: name -> RuleStats (engine/rewrite.py).
 RULE_STATS: dict[str, Any] = {}
 
@@ -77,7 +88,8 @@ def summary_table(records: list[GraphRecord]) -> str:
              "in kernels")]
     for r in records:
         j = r.to_json()
-        rows.append((r.name, r.status, str(r.nodes_in), str(r.nodes_out),
+        status = f"{r.status} (cached)" if r.cached else r.status
+        rows.append((r.name, status, str(r.nodes_in), str(r.nodes_out),
                      str(sum(r.rules_fired.values())), str(len(r.kernels)),
                      str(sum(r.fallback_ops.values())), f"{100 * j['kernel_op_share']:.0f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -18,7 +18,7 @@ import hashlib
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -71,12 +71,21 @@ class KernelSpec:
     replaced_ops: int
     per_row_out: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    # Set on the copy a launcher keeps for the graph cache (frontend/graph_cache.py),
+    # which drops the body: what `compute` found while the body was there.
+    compute_dtype: str | None = None
 
     @property
     def compute(self) -> str:
         """The dtype kernel arithmetic runs in: f64 if anything is f64, else f32."""
+        if self.compute_dtype is not None:
+            return self.compute_dtype
         dtypes = {t.meta.dtype for t in self.body if t.op != "const"}
         return "f64" if "f64" in dtypes else "f32"
+
+    def for_launch(self) -> KernelSpec:
+        """This spec without its terms: what launching needs, and all a cache stores."""
+        return replace(self, body=[], root=None, compute_dtype=self.compute)  # type: ignore[arg-type]
 
 
 def kernel_kind(term: Term) -> str:

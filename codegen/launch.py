@@ -41,6 +41,7 @@ class Launcher:
     fallback: Callable[..., torch.Tensor]
     failed: bool = False
     strict: bool = False
+    recipe: KernelRecipe | None = None
 
     def __init__(self, spec: KernelSpec, kernel: Any,
                  fallback: Callable[..., torch.Tensor]) -> None:
@@ -144,6 +145,50 @@ class AttentionLauncher(Launcher):
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         out = attention_launch(self.spec, self.kernel, inputs)
         return self.fallback(*inputs) if out is None else out
+
+
+@dataclass(frozen=True)
+class KernelRecipe:
+    """How a launcher was made: enough to make it again in another process (the
+    graph cache, frontend/graph_cache.py), from the kernel's source alone."""
+
+    target: str  # triton | openmp
+    source: str
+    launcher: str  # the Launcher class's name
+
+    def build(self, spec: KernelSpec, fallback: Callable[..., torch.Tensor]
+              ) -> tuple[Launcher, Path]:
+        cls: Any = _launcher_type(self.launcher)
+        if self.target == "triton":
+            fn, path = load_triton(self.source, spec.name)
+            if self.launcher == "ReductionTritonLauncher":
+                combine = load_triton(self.source, f"{spec.name}_combine")[0]
+                launcher = cls(spec, fn, combine, fallback)
+            else:
+                launcher = cls(spec, fn, fallback)
+        else:
+            fn, path = build_cpp(self.source, spec.name)
+            launcher = cls(spec, fn, fallback)
+        launcher.recipe = self
+        return launcher, path
+
+
+def launcher_class(spec: KernelSpec, target: str) -> str:
+    if spec.template == "reduction":
+        return "ReductionTritonLauncher" if target == "triton" else "ReductionCppLauncher"
+    if target != "triton":
+        return "CppLauncher"
+    return {"matmul": "MatmulLauncher", "attention": "AttentionLauncher"}.get(
+        spec.kind, "TritonLauncher")
+
+
+def _launcher_type(name: str) -> type[Launcher]:
+    # imported here: codegen/reduction_launch.py builds on this module's Launcher
+    from .reduction_launch import ReductionCppLauncher, ReductionTritonLauncher
+
+    types = (CppLauncher, TritonLauncher, MatmulLauncher, AttentionLauncher,
+             ReductionCppLauncher, ReductionTritonLauncher)
+    return next(c for c in types if c.__name__ == name)
 
 
 def row_warps(block: int) -> int:
@@ -253,6 +298,7 @@ class Prepared:
     graph: Graph
     launchers: dict[Term, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
+    failed: int = 0  # kernels that went back to their ATen body
 
 
 def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
@@ -287,9 +333,6 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
         try:
             reduction = t.attr("template") == "reduction"
             attention = t.attr("template") == "attention"
-            if reduction:
-                # imported here: codegen/reduction_launch.py builds on this module's Launcher
-                from .reduction_launch import ReductionCppLauncher, ReductionTritonLauncher
             if attention and target != "triton":
                 raise RenderError(f"no {target} template for attention")
             spec = (reduction_spec(t, index) if reduction else
@@ -304,21 +347,8 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                       render_attention(spec) if attention else
                       render_row_looped(spec) if spec.template == "row_looped" else
                       render(spec, target))
-            fallback = aten_body(t, bridge or Bridge())
-            if target == "triton":
-                fn, path = load_triton(source, spec.name)
-                if spec.kind == "matmul":
-                    launcher: Launcher = MatmulLauncher(spec, fn, fallback)
-                elif attention:
-                    launcher = AttentionLauncher(spec, fn, fallback)
-                elif reduction:
-                    launcher = ReductionTritonLauncher(
-                        spec, fn, load_triton(source, f"{spec.name}_combine")[0], fallback)
-                else:
-                    launcher = TritonLauncher(spec, fn, fallback)
-            else:
-                fn, path = build_cpp(source, spec.name)
-                launcher = (ReductionCppLauncher if reduction else CppLauncher)(spec, fn, fallback)
+            recipe = KernelRecipe(target, source, launcher_class(spec, target))
+            launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
                        f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
@@ -344,6 +374,7 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                                  "order": spec.meta.get("order")})
     if failed:
         prepared.graph = _substitute(graph, store, failed)
+        prepared.failed = len(failed)
     return prepared
 
 

@@ -101,9 +101,11 @@ def eligible(t: Term, devices: tuple[str, ...] | None) -> bool:
 
 
 def relayout_for(mode: str, kind: str, store: TermStore, bridge: Bridge,
-                 record: dict[str, Any]) -> Callable[[Graph], tuple[Graph, str]] | None:
+                 record: dict[str, Any], steps: dict[int, Any] | None = None
+                 ) -> Callable[[Graph], tuple[Graph, str]] | None:
     """The layout phase for one graph under Options.conv_layout `mode`
-    (None: layouts stay). What it did goes into `record` (the compile report)."""
+    (None: layouts stay). What it did goes into `record` (the compile report);
+    `steps` is to_channels_last's."""
     if mode == "keep":
         return None
     if mode == "auto" and kind not in INFERENCE_KINDS:
@@ -115,7 +117,7 @@ def relayout_for(mode: str, kind: str, store: TermStore, bridge: Bridge,
         if not convs:
             return graph, "no convolution to convert"
         try:
-            new, counts = to_channels_last(graph, store, bridge, convs)
+            new, counts = to_channels_last(graph, store, bridge, convs, steps)
             if mode == "auto":
                 pays_off(graph, new)
         except _Keep as e:
@@ -164,9 +166,10 @@ def _elements(t: Term) -> int:
         return 1
 
 
-def to_channels_last(graph: Graph, store: TermStore, bridge: Bridge,
-                     convs: set[Term]) -> tuple[Graph, Counter[str]]:
-    """`graph` with `convs` in channels_last and outputs in eager's layout."""
+def to_channels_last(graph: Graph, store: TermStore, bridge: Bridge, convs: set[Term],
+                     steps: dict[int, Any] | None = None) -> tuple[Graph, Counter[str]]:
+    """`graph` with `convs` in channels_last and outputs in eager's layout; `steps`
+    (if given) collects how each converted constant was made (frontend/fold.py: FoldStep)."""
     counts: Counter[str] = Counter()
     cl = _format(torch.channels_last)
 
@@ -177,11 +180,16 @@ def to_channels_last(graph: Graph, store: TermStore, bridge: Bridge,
             # A constant (frozen weight): converted here, once.
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-            from ..frontend.fold import tensor_term
+            from ..frontend.aten import Slot
+            from ..frontend.fold import FoldStep, tensor_term
 
             value = t.attr("value")
             with torch.no_grad(), unset_fake_temporarily():
                 nhwc_value = value.value.contiguous(memory_format=torch.channels_last)
+            if steps is not None and nhwc_value is not value.value:
+                steps[id(nhwc_value)] = FoldStep(
+                    torch.ops.aten.clone.default, [Slot(0)],
+                    {"memory_format": torch.channels_last}, [value.value], nhwc_value)
             counts["weights_converted_once"] += 1
             return tensor_term(store, bridge, nhwc_value, f"{value.label}_nhwc")
         counts[f"{what}_converted_per_call"] += 1

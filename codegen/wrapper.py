@@ -30,6 +30,8 @@ class Lowered:
     source: str
     fn: Any
     fallback_ops: Counter[str] = field(default_factory=Counter)
+    # The objects the source names (kernels, constants, ops), as bound.
+    globals: dict[str, Any] = field(default_factory=dict)
 
 
 class Emitter:
@@ -157,4 +159,4 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
         inputs=[em.names[t] for t in graph.inputs], body=body, outputs=outs)
     namespace = dict(em.globals)
     exec(compile(source, f"<rewritec wrapper {name}>", "exec"), namespace)  # noqa: S102
-    return Lowered(source, namespace["call"], fallback)
+    return Lowered(source, namespace["call"], fallback, em.globals)

@@ -4,19 +4,21 @@ works without importing rewritec first).
 
 Dynamo hands over a torch-level FX graph; AOTAutograd traces it to ATen and
 splits forward and backward, and each half is compiled by `compiler.compile_fx`.
+An inference graph compiled before is loaded from the graph cache instead
+(frontend/graph_cache.py), without AOTAutograd.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
 
 from ..codegen import triton_startup
-from ..compiler import compile_fx
 from ..options import Options
-from .decompositions import decomposition_table
+from . import graph_cache
 
 
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -40,7 +42,30 @@ def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
     # in inference graphs (frontend/fold.py guards that against later updates).
     params = [isinstance(x, torch.nn.Parameter) or _is_buffer(n)
               for x, n in zip(example_inputs, _placeholders(gm), strict=False)]
+    key = graph_cache.key_for(gm, example_inputs, params, opts)
+    if key is not None:
+        def recompile(args: list[Any], freeze: bool) -> Any:
+            again = replace(opts, graph_cache=False, freeze=opts.freeze if freeze else False)
+            return _through_aot(gm, args, again, params, None)
+
+        hit = graph_cache.load(key, example_inputs, params, opts, recompile)
+        if hit is not None:
+            return hit
+    return _through_aot(gm, example_inputs, opts, params, key)
+
+
+def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
+                 params: list[bool], key: str | None) -> Any:
+    """AOTAutograd traces `gm` to ATen (forward and backward, or inference) and
+    compiler.compile_fx compiles each graph; an inference graph that AOTAutograd
+    passes through unchanged is stored in the graph cache under `key`."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from ..compiler import compile_fx
+    from .decompositions import decomposition_table
+
     values = list(example_inputs)
+    n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
 
     def forward(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
         return compile_fx(fw_gm, fw_inputs, opts, kind="forward", params=params)
@@ -48,8 +73,11 @@ def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
     def inference(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
         # Inference graphs (no grad) may fold parameters: frontend/fold.py says when.
         aligned = len(fw_inputs) == len(values)
+        keep = None
+        if key is not None and graph_cache.aot_passes_through(fw_gm, len(values), n_outputs):
+            keep = partial(graph_cache.save, key)
         return compile_fx(fw_gm, fw_inputs, opts, kind="inference", params=params,
-                          param_values=values if aligned else None)
+                          param_values=values if aligned else None, keep=keep)
 
     def backward(bw_gm: torch.fx.GraphModule, bw_inputs: list[Any]) -> Any:
         return compile_fx(bw_gm, bw_inputs, opts, kind="backward")

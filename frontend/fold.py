@@ -14,6 +14,7 @@ runs an unfrozen compilation of the same graph instead.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,7 +31,24 @@ def tensor_term(store: TermStore, bridge: Bridge, value: torch.Tensor, label: st
     return store.make("tensor", (), (("value", Opaque(value, label)),), meta=meta_of(fake))
 
 
-def make_folder(store: TermStore, bridge: Bridge) -> Callable[[Term], Term | None]:
+@dataclass(frozen=True)
+class FoldStep:
+    """How one folded constant was computed: `fn(*args, **kwargs)` with `Slot(i)`
+    standing for `operands[i]` (a parameter, an earlier folded constant or a
+    literal). The graph cache (frontend/graph_cache.py) replays these on the
+    parameters of the process that loads an entry, so it never stores weights."""
+
+    fn: Any
+    args: list[Any]
+    kwargs: dict[str, Any]
+    operands: list[Any]
+    value: Any  # the result, held so that its id stays its own while compiling
+
+
+def make_folder(store: TermStore, bridge: Bridge, steps: dict[int, FoldStep] | None = None
+                ) -> Callable[[Term], Term | None]:
+    """The folding callback of the `fold` phase; `steps` (if given) collects a
+    FoldStep per folded constant, keyed by the id of its value."""
     counter = [0]
 
     def fold(t: Term) -> Term | None:
@@ -54,6 +72,11 @@ def make_folder(store: TermStore, bridge: Bridge) -> Callable[[Term], Term | Non
             value = bridge.run(t, values)
         if not isinstance(value, torch.Tensor):
             return None
+        if steps is not None:
+            fn, args, kwargs, order = bridge.call_parts(t)
+            pos = {id(a): i for i, a in enumerate(t.args)}
+            steps[id(value)] = FoldStep(fn, args, kwargs, [values[pos[id(a)]] for a in order],
+                                        value)
         counter[0] += 1
         return tensor_term(store, bridge, value, f"folded{counter[0]}")
 

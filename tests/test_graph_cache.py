@@ -1,0 +1,306 @@
+"""The graph cache (frontend/graph_cache.py): a graph compiled once is loaded, not
+compiled, when TorchDynamo hands it over again; loaded graphs give eager's results,
+replay folds on the loading model's own weights, and follow parameter updates;
+graphs that AOTAutograd does not pass through unchanged are never stored."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from rewritec import report
+from rewritec.frontend import backend, graph_cache
+from rewritec.options import Options
+
+TARGETS = ["openmp", "triton"]
+# Triton kernels run on the GPU where there is one, else in Triton's interpreter.
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REWRITEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("REWRITEC_GRAPH_CACHE", "1")
+
+
+@pytest.fixture
+def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the compilations that went through AOTAutograd (misses)."""
+    calls: list[int] = []
+    real = backend._through_aot
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(backend, "_through_aot", counted)
+    return calls
+
+
+def _compile_twice(fn, inputs, **options):  # type: ignore[no-untyped-def]
+    """Compile `fn` in two fresh TorchDynamo caches; return both results."""
+    outs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="rewritec", options={"strict": True, **options})
+        outs.append(compiled(*inputs))
+    return outs
+
+
+def _entries() -> list[Path]:
+    return sorted((Path(os.environ["REWRITEC_CACHE_DIR"]) / "graphs").glob("*.pkl"))
+
+
+def _norm_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(torch.sin(x) * 2 + 1, (x.shape[-1],), w)
+
+
+def _softmax_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(torch.nn.functional.gelu(x + b), dim=-1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", [_norm_chain, _softmax_gelu])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_second_compile_is_loaded_and_matches_eager(fn, dtype, target, aot_calls) -> None:
+    device = TRITON_DEVICE if target == "triton" else "cpu"
+    x = torch.randn(6, 40, dtype=dtype, device=device)
+    w = torch.randn(40, dtype=dtype, device=device)
+    with torch.no_grad():
+        first, second = _compile_twice(fn, (x, w), target=target)
+        expected = fn(x, w)
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(second, expected)
+    assert len(aot_calls) == 1, "the second compile went through AOTAutograd"
+    cold, warm = report.RECORDS
+    assert (cold.cached, warm.cached) == (False, True)
+    assert warm.rules_fired == cold.rules_fired and warm.kernels == cold.kernels
+    assert warm.kernels, "nothing was fused: the test would not load a kernel"
+
+
+@pytest.mark.parametrize("layout", [(6, 40), (40, 6)])
+def test_other_strides_are_another_entry(layout, aot_calls) -> None:
+    w = torch.randn(40)
+    base = torch.randn(*layout)
+    x = base if layout == (6, 40) else base.t()  # same shape, transposed strides
+    with torch.no_grad():
+        _compile_twice(_norm_chain, (torch.randn(6, 40), w))
+        torch._dynamo.reset()
+        out = torch.compile(_norm_chain, backend="rewritec", options={"strict": True})(x, w)
+        torch.testing.assert_close(out, _norm_chain(x, w))
+    assert len(aot_calls) == (1 if layout == (6, 40) else 2)
+
+
+def _conv_bn(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].running_var.uniform_(0.5, 2.0)
+    return m
+
+
+@pytest.mark.parametrize("conv_layout", ["keep", "channels_last"])
+def test_folds_replay_on_the_loading_models_weights(conv_layout, aot_calls) -> None:
+    """Two models of one structure, other weights: the second loads the first's
+    entry, and its folded convolution must use its own weights."""
+    x = torch.randn(2, 3, 9, 7)
+    a, b = _conv_bn(0), _conv_bn(1)
+    with torch.no_grad():
+        out_a = torch.compile(a, backend="rewritec",
+                              options={"strict": True, "conv_layout": conv_layout})(x)
+        torch._dynamo.reset()
+        out_b = torch.compile(b, backend="rewritec",
+                              options={"strict": True, "conv_layout": conv_layout})(x)
+        torch.testing.assert_close(out_a, a(x))
+        torch.testing.assert_close(out_b, b(x))
+    assert len(aot_calls) == 1
+    assert report.RECORDS[-1].cached
+    assert any("affine-fold" in r for r in report.RECORDS[-1].rules_fired)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_loaded_graph_replays_as_a_cuda_graph(aot_calls) -> None:
+    x = torch.randn(64, 256, device="cuda")
+    w = torch.randn(256, device="cuda")
+    with torch.no_grad():
+        _compile_twice(_norm_chain, (x, w), cudagraphs="on")
+        torch._dynamo.reset()
+        compiled = torch.compile(_norm_chain, backend="rewritec",
+                                 options={"strict": True, "cudagraphs": "on"})
+        for _ in range(3):  # recorded at the second call, replayed from then on
+            x = torch.randn(64, 256, device="cuda")
+            torch.testing.assert_close(compiled(x, w), _norm_chain(x, w))
+    assert len(aot_calls) == 1
+    assert "recorded" in report.RECORDS[-1].cudagraphs
+
+
+def test_loaded_graph_follows_an_in_place_update(aot_calls) -> None:
+    x = torch.randn(2, 3, 9, 7)
+    m = _conv_bn(0)
+    with torch.no_grad():
+        _compile_twice(m, (x,))
+        torch._dynamo.reset()
+        compiled = torch.compile(m, backend="rewritec", options={"strict": True})
+        torch.testing.assert_close(compiled(x), m(x))
+        m[0].weight.mul_(2.0)
+        m[1].running_var.add_(1.0)
+        torch.testing.assert_close(compiled(x), m(x))
+    assert len(aot_calls) == 2  # the first compile, then the unfrozen one after the update
+
+
+def _mutates(x: torch.Tensor) -> torch.Tensor:
+    x.add_(1)
+    return x * 2
+
+
+def _returns_view(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.view(-1), torch.cos(x)
+
+
+def _view_of_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.sin(x)
+    return y, y.view(-1)
+
+
+@pytest.mark.parametrize("fn", [_mutates, _returns_view])
+def test_graphs_aot_changes_are_not_stored(fn, aot_calls) -> None:
+    """Input mutations and aliased outputs need AOTAutograd's runtime wrapper."""
+    for _ in range(2):
+        x = torch.randn(5, 7)
+        x_eager = x.clone()
+        with torch.no_grad():
+            torch._dynamo.reset()
+            out = torch.compile(fn, backend="rewritec")(x)
+            expected = fn(x_eager)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(x, x_eager)
+        if fn is _returns_view:
+            assert out[0].data_ptr() == x.data_ptr(), "the view no longer aliases its input"
+    assert len(aot_calls) == 2 and not _entries()
+
+
+def test_a_loaded_graph_keeps_views_among_its_outputs(aot_calls) -> None:
+    """An output that views another is the compiled graph's own doing (AOTAutograd
+    marks both fresh under no_grad), so the graph is stored, and loads with it."""
+    x = torch.randn(5, 7)
+    with torch.no_grad():
+        outs = _compile_twice(_view_of_output, (x,))
+    for y, flat in outs:
+        torch.testing.assert_close(y, torch.sin(x))
+        assert flat.shape == (35,) and flat.data_ptr() == y.data_ptr()
+    assert len(aot_calls) == 1
+
+
+def test_training_and_dynamic_graphs_are_not_stored(aot_calls) -> None:
+    m = nn.Sequential(nn.Linear(6, 5), nn.Tanh())
+    x = torch.randn(4, 6)
+    for _ in range(2):
+        torch._dynamo.reset()
+        torch.compile(m, backend="rewritec")(x).sum().backward()
+    with torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            out = torch.compile(_norm_chain, backend="rewritec", dynamic=True)(
+                torch.randn(3, 8), torch.randn(8))
+            assert out.shape == (3, 8)
+    assert not _entries()
+
+
+def test_debug_and_option_off_do_not_use_the_cache(aot_calls, monkeypatch) -> None:
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with torch.no_grad():
+        _compile_twice(_norm_chain, (x, w), graph_cache=False)
+        assert len(aot_calls) == 2 and not _entries()
+        monkeypatch.setenv("REWRITEC_GRAPH_CACHE", "0")
+        _compile_twice(_norm_chain, (x, w))
+        assert len(aot_calls) == 4 and not _entries()
+
+
+def test_a_damaged_entry_is_a_miss(aot_calls) -> None:
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with torch.no_grad():
+        _compile_twice(_norm_chain, (x, w))
+        (entry,) = _entries()
+        entry.write_bytes(entry.read_bytes()[:-7])  # no longer matches its .sha256
+        torch._dynamo.reset()
+        out = torch.compile(_norm_chain, backend="rewritec", options={"strict": True})(x, w)
+    torch.testing.assert_close(out, _norm_chain(x, w))
+    assert len(aot_calls) == 2
+
+
+def test_an_entry_naming_a_foreign_class_is_refused(aot_calls) -> None:
+    """Entries hold plain data, torch ops by name and rewritec's own classes; an
+    entry whose hash matches but which names anything else is a miss, not a load."""
+    import hashlib
+    import pickle
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with torch.no_grad():
+        _compile_twice(_norm_chain, (x, w))
+        (entry,) = _entries()
+        entry.write_bytes(pickle.dumps({"source": os.system}))
+        entry.with_name(entry.name + ".sha256").write_text(
+            hashlib.sha256(entry.read_bytes()).hexdigest())
+        torch._dynamo.reset()
+        out = torch.compile(_norm_chain, backend="rewritec", options={"strict": True})(x, w)
+    torch.testing.assert_close(out, _norm_chain(x, w))
+    assert len(aot_calls) == 2
+
+
+def test_a_kernel_failing_in_a_loaded_graph_recompiles(aot_calls, monkeypatch) -> None:
+    from rewritec.codegen import launch
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    options = {"target": "openmp"}  # not strict: a failed launch falls back to ATen
+    with torch.no_grad():
+        _compile_twice(_norm_chain, (x, w), strict=False, **options)
+        torch._dynamo.reset()
+        compiled = torch.compile(_norm_chain, backend="rewritec", options=options)
+
+        def broken(self, *inputs):  # type: ignore[no-untyped-def]
+            raise RuntimeError("launch failed")
+
+        monkeypatch.setattr(launch.CppLauncher, "launch", broken)
+        with pytest.warns(launch.KernelFallback):
+            out = compiled(x, w)
+            again = compiled(x, w)
+    torch.testing.assert_close(out, _norm_chain(x, w))
+    torch.testing.assert_close(again, _norm_chain(x, w))
+    assert len(aot_calls) == 2
+
+
+def test_the_key_covers_the_bytes_of_given_rule_files(tmp_path: Path) -> None:
+    rules = tmp_path / "mine.yaml"
+    rules.write_text("rules: []\n")
+    before = graph_cache._options_text(Options.make(rules=[str(rules)]))
+    rules.write_text("rules: []\n# edited\n")
+    assert graph_cache._options_text(Options.make(rules=[str(rules)])) != before
+
+
+def test_a_new_process_loads_the_entry(tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import torch
+        from rewritec import report
+        x, w = torch.linspace(-2, 2, 96).reshape(4, 24), torch.linspace(0, 1, 24)
+        f = lambda x, w: torch.nn.functional.layer_norm(torch.exp(x) - 1, (24,), w)
+        with torch.no_grad():
+            out = torch.compile(f, backend="rewritec", options={"strict": True})(x, w)
+        torch.testing.assert_close(out, f(x, w))
+        print("cached", report.RECORDS[-1].cached, len(report.RECORDS[-1].kernels))
+    """)
+    env = dict(os.environ, REWRITEC_GRAPH_CACHE="1")
+    seen = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen.append(proc.stdout.split()[-2:])
+    assert seen == [["False", "1"], ["True", "1"]]
