@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
+if TYPE_CHECKING:
+    import jinja2
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
 @cache
 def environment() -> jinja2.Environment:
+    import jinja2  # here, not above: a graph loaded from the graph cache renders nothing
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,

@@ -19,7 +19,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..engine.ops import OpInfo, OpTable, default_op_table
 from ..engine.term import Meta, Term
-from . import attention as _attention  # noqa: F401  (defines rewritec::attention)
 
 DTYPES: dict[torch.dtype, str] = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
@@ -123,6 +122,8 @@ def overload(name: str) -> torch._ops.OpOverload:
     """`add.Tensor` -> torch.ops.aten.add.Tensor; `rewritec::attention` ->
     torch.ops.rewritec.attention.default (ops of another namespace)."""
     namespace, _, name = name.rpartition("::")
+    if namespace == "rewritec":
+        from . import attention  # noqa: F401 - defines rewritec::attention, on first use
     packet, _, over = name.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace or "aten"), packet), over or "default")
 
