@@ -3,7 +3,8 @@
 The first Triton kernel a process launches pays for Triton's own start-up:
 importing it, building (fresh cache) or loading its CUDA driver module, and
 hashing its installed libraries into the key of its kernel cache (`triton_key`;
-0.4 s on the H200 host, cold or warm). None of it depends on the graph. So the
+0.4 s on the H200 host, cold or warm; rewritec keeps the key, see `_stored_key`).
+None of it depends on the graph. So the
 backend calls `start()` as soon as it receives a graph with CUDA inputs, and
 the work runs while AOTAutograd traces and the rules rewrite; most of it holds
 no GIL (hashing large buffers, reading files, waiting on the C compiler).
@@ -14,7 +15,14 @@ meets the same problem and reports it (or falls back to ATen) itself.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sys
+import tempfile
 import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -27,7 +35,37 @@ def _start_up() -> None:
     driver.active.get_current_target()
     key = getattr(cache, "triton_key", None)  # where triton 3.x keeps it
     if key is not None:
-        key()
+        value = _stored_key(cache.__file__, key)
+        # Triton's own process pools hand their workers the key the same way.
+        cache.triton_key = lambda: value
+
+
+def _stored_key(cache_file: str, compute: Callable[[], Any]) -> str:
+    """`triton_key()`, kept in rewritec's cache under a fingerprint of the files it
+    hashes (their paths, sizes and modification times): reading the fingerprint
+    takes a few milliseconds where hashing libtriton takes 0.35 s. Any change to an
+    installed Triton file changes the fingerprint, and the key is hashed anew."""
+    from .build import cache_dir
+
+    root = Path(cache_file).resolve().parents[1]  # triton/runtime/cache.py -> triton/
+    files = [Path(cache_file).resolve(), *sorted((root / "_C").glob("libtriton*"))]
+    for sub in ("compiler", "backends", "language"):
+        files += sorted((root / sub).rglob("*.py"))
+    h = hashlib.sha256(getattr(sys.modules.get("triton"), "__version__", "").encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    path = cache_dir() / f"triton_key-{h.hexdigest()[:32]}"
+    try:
+        return path.read_text()
+    except OSError:
+        pass
+    value = str(compute())
+    fd, tmp = tempfile.mkstemp(prefix=".triton_key.", dir=path.parent)
+    with os.fdopen(fd, "w") as out:
+        out.write(value)
+    os.replace(tmp, path)
+    return value
 
 
 def _warm() -> None:

@@ -63,3 +63,28 @@ def test_cuda_graphs_start_it_and_kernels_run(fresh) -> None:
     x = torch.randn(1000, device="cuda")
     torch.testing.assert_close(f(x), torch.sin(x) + 1)
     assert triton_startup._thread is not None and not triton_startup._thread.is_alive()
+
+
+def test_triton_key_is_kept_until_a_triton_file_changes(tmp_path, monkeypatch) -> None:
+    """`_stored_key` hashes Triton's files once; the stored key is used until a file's
+    size or modification time changes."""
+    monkeypatch.setenv("REWRITEC_CACHE_DIR", str(tmp_path / "cache"))
+    tree = tmp_path / "triton"
+    for rel in ("runtime/cache.py", "_C/libtriton.so", "compiler/code_gen.py",
+                "language/core.py", "backends/nvidia/driver.py"):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(rel)
+    calls = []
+
+    def compute() -> str:
+        calls.append(1)
+        return f"key{len(calls)}"
+
+    cache_file = str(tree / "runtime" / "cache.py")
+    assert triton_startup._stored_key(cache_file, compute) == "key1"
+    assert triton_startup._stored_key(cache_file, compute) == "key1"
+    assert len(calls) == 1
+    (tree / "language" / "core.py").write_text("edited, longer than before")
+    assert triton_startup._stored_key(cache_file, compute) == "key2"
+    (tree / "compiler" / "new_pass.py").write_text("a new module")
+    assert triton_startup._stored_key(cache_file, compute) == "key3"
