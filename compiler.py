@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +29,7 @@ from .options import Options
 
 if TYPE_CHECKING:
     from .frontend.graph_cache import Artifact
+
 
 class RewritecWarning(UserWarning):
     """rewritec fell back to ATen/eager for part or all of a graph."""

@@ -65,7 +65,8 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     from .decompositions import decomposition_table
 
     values = list(example_inputs)
-    n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    n_outputs = len(returned) if isinstance(returned, tuple | list) else 1
 
     def forward(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
         return compile_fx(fw_gm, fw_inputs, opts, kind="forward", params=params)

@@ -234,21 +234,21 @@ def aot_passes_through(fw_gm: torch.fx.GraphModule, n_inputs: int, n_outputs: in
 
 
 def save(key: str, art: Artifact) -> None:
-    """Store `art` under `key`; a graph that cannot be stored is only said at debug."""
+    """Store `art` under `key`. Storing never fails a compilation: a graph that
+    cannot be stored (or a cache that cannot be written) is only said at debug."""
     try:
         entry = _entry(art)
         buf = io.BytesIO()
         _Pickler(buf).dump(entry)
-    except (Uncacheable, pickle.PicklingError, TypeError, AttributeError) as e:
-        _note(f"graph {art.name} not stored: {e}")
-        return
-    from ..codegen.build import _publish
+        from ..codegen.build import _publish
 
-    root = _dir()
-    fd, tmp = tempfile.mkstemp(suffix=".pkl", prefix=f".{key}.", dir=root)
-    with os.fdopen(fd, "wb") as f:
-        f.write(buf.getvalue())
-    _publish(Path(tmp), root / f"{key}.pkl")
+        root = _dir()
+        fd, tmp = tempfile.mkstemp(suffix=".pkl", prefix=f".{key}.", dir=root)
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+        _publish(Path(tmp), root / f"{key}.pkl")
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        _note(f"graph {art.name} not stored: {type(e).__name__}: {e}")
 
 
 def _entry(art: Artifact) -> dict[str, Any]:
@@ -366,14 +366,14 @@ def load(key: str, inputs: list[Any], params: list[bool], opts: Any,
     loadable: the caller compiles, and the new entry replaces this one)."""
     from ..codegen.build import _verified
 
-    path = _dir() / f"{key}.pkl"
-    if not _verified(path):
-        return None
     try:
+        path = _dir() / f"{key}.pkl"
+        if not _verified(path):
+            return None
         entry = _Unpickler(io.BytesIO(path.read_bytes())).load()
         return _rebuild(entry, inputs, params, opts, recompile)
-    except Exception as e:  # noqa: BLE001 - a bad entry is a miss, never a failure
-        _note(f"graph cache entry {path.name} not loaded: {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - a bad entry or cache is a miss, never a failure
+        _note(f"graph cache entry {key[:16]} not loaded: {type(e).__name__}: {e}")
         return None
 
 
@@ -398,7 +398,6 @@ def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts:
                                              if k not in ("rules_fired", "fallback_ops")})
     rec.rules_fired.update(entry["record"]["rules_fired"])
     rec.fallback_ops.update(entry["record"]["fallback_ops"])
-    report.RECORDS.append(rec)
     exec(compile(entry["source"], f"<rewritec wrapper {rec.name} (cached)>", "exec"),  # noqa: S102
          namespace)
     fn = namespace["call"]
@@ -410,6 +409,7 @@ def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts:
 
         fn = CudaGraphRunner(fn, params, opts.cudagraphs, log)
     frozen = {i: inputs[i] for i in entry["frozen"]}
+    report.RECORDS.append(rec)  # last: an entry that fails to load leaves no record
     return CachedGraph(fn, frozen, recompile, opts.freeze is not False)
 
 

@@ -304,3 +304,18 @@ def test_a_new_process_loads_the_entry(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen.append(proc.stdout.split()[-2:])
     assert seen == [["False", "1"], ["True", "1"]]
+
+
+def test_a_cache_that_cannot_be_written_does_not_fail_the_compile(aot_calls, monkeypatch
+                                                                   ) -> None:
+    def full(*args, **kw):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(graph_cache, "_dir", full)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with torch.no_grad():
+        first, second = _compile_twice(_norm_chain, (x, w))
+    torch.testing.assert_close(first, _norm_chain(x, w))
+    torch.testing.assert_close(second, _norm_chain(x, w))
+    assert len(aot_calls) == 2 and not _entries()
+    assert all(r.status == "compiled" for r in report.RECORDS)
