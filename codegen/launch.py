@@ -160,9 +160,10 @@ class KernelRecipe:
               ) -> tuple[Launcher, Path]:
         cls: Any = _launcher_type(self.launcher)
         if self.target == "triton":
-            fn, path = load_triton(self.source, spec.name)
+            jit, path = load_triton(self.source, spec.name)
+            fn = DirectKernel(jit)  # launched through its compiled binary after the first call
             if self.launcher == "ReductionTritonLauncher":
-                combine = load_triton(self.source, f"{spec.name}_combine")[0]
+                combine = DirectKernel(load_triton(self.source, f"{spec.name}_combine")[0])
                 launcher = cls(spec, fn, combine, fallback)
             else:
                 launcher = cls(spec, fn, fallback)
