@@ -27,6 +27,7 @@ from .kernels import KernelSpec, RenderError, block_pow2, render, spec_of
 from .matmul import matmul_launch_args
 from .reduction import reduction_spec, render_reduction
 from .row_looped import looped, render_row_looped
+from .triton_direct import DirectKernel
 
 
 class KernelFallback(UserWarning):
@@ -218,6 +219,13 @@ class _Geometry:
     perm: tuple[int, ...]  # space dim k is graph dim perm[k]
     space: tuple[int, ...]
     strides: tuple[int, ...]  # strided inputs' strides in the space's order
+    # The output's sizes and strides in the graph's dim order: dense in the space's
+    # order when that differs from the graph's
+    out_size: tuple[int, ...]
+    out_stride: tuple[int, ...]
+    # Per input: None (passed as is), () (made contiguous), or a permutation to
+    # read it flat in the space's order
+    flat: tuple[tuple[int, ...] | None, ...]
 
 
 def cached_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
@@ -260,8 +268,47 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
         if not inp.flat:
             st = x.expand(keep if inp.per_row else shape).stride()
             strides.extend(st[k] for k in perm)
-    return _Geometry(tuple(shape), tuple(keep), tuple(perm), tuple(shape[k] for k in perm),
-                     tuple(strides))
+    space = tuple(shape[k] for k in perm)
+    permuted = perm != list(range(len(perm)))
+    out_size, out_stride = tuple(shape), dense_strides(shape)
+    if spec.per_row_out:
+        out_size, out_stride = tuple(keep), dense_strides(keep)
+    elif permuted:
+        # laid out in the space's order (a row kernel's reduced dim innermost, or the
+        # root's layout in the graph, e.g. NHWC), seen in the graph's dim order
+        dense = dense_strides(space)
+        out_stride = tuple(dense[perm.index(k)] for k in range(len(perm)))
+    # flat inputs are read by linear index: laid out densely in the space's order
+    flat = tuple((tuple(perm) if permuted else ()) if inp.flat else None
+                 for inp in spec.inputs)
+    return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), out_size,
+                     out_stride, flat)
+
+
+def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """A contiguous tensor's strides for `shape`."""
+    strides, step = [], 1
+    for s in reversed(shape):
+        strides.append(step)
+        step *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+# Inductor's allocation helper: torch.empty_strided without the Python argument
+# parser (~1 us against ~5), on the current CUDA device
+try:
+    from torch._C._dynamo.guards import _empty_strided_cuda as _EMPTY_STRIDED_CUDA
+except ImportError:  # pragma: no cover - another torch: the public call
+    _EMPTY_STRIDED_CUDA = None
+
+
+def empty_strided(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """A launch's output or scratch buffer."""
+    if (device.type == "cuda" and _EMPTY_STRIDED_CUDA is not None
+            and device.index == torch._C._cuda_getDevice()):
+        return _EMPTY_STRIDED_CUDA(size, stride, dtype)
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
@@ -269,28 +316,16 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
     """Run-time sizes of the space (a row kernel's reduced dim moved last), the
     output, the inputs as passed, and their strides in the space's dim order."""
     g = _geometry(spec, inputs)
-    perm = list(g.perm)
-    permuted = perm != list(range(len(perm)))
     device = inputs[0].device if inputs else torch.device("cpu")
-    if spec.per_row_out:
-        out = torch.empty(g.keep, dtype=out_dtype, device=device)
-    elif permuted:
-        # laid out in the space's order (a row kernel's reduced dim innermost, or the
-        # root's layout in the graph, e.g. NHWC), seen in the graph's dim order
-        inverse = [perm.index(k) for k in range(len(perm))]
-        out = torch.empty(g.space, dtype=out_dtype, device=device).permute(inverse)
-    else:
-        out = torch.empty(g.shape, dtype=out_dtype, device=device)
+    out = empty_strided(g.out_size, g.out_stride, out_dtype, device)
     tensors = []
-    for x, inp in zip(inputs, spec.inputs, strict=True):
-        if inp.flat and permuted:
-            # read flat in the space's order: x laid out densely in that order
-            xp = x.permute(perm)
-            tensors.append(xp if xp.is_contiguous() else xp.contiguous())
-        elif inp.flat:
-            tensors.append(x.contiguous())
-        else:
+    for x, flat in zip(inputs, g.flat, strict=True):
+        if flat is None:
             tensors.append(x)
+        else:
+            if flat:
+                x = x.permute(flat)
+            tensors.append(x if x.is_contiguous() else x.contiguous())
     return g.space, out, tensors, g.strides
 
 

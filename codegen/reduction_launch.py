@@ -5,6 +5,7 @@ sizes, and on the GPU the split of a long reduction over many programs."""
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,8 @@ import torch
 
 from ..frontend.aten import TORCH_DTYPES
 from .kernels import KernelSpec
-from .launch import CppLauncher, Launcher, _numel, cached_geometry, triton_cdiv
+from .launch import (CppLauncher, Launcher, _numel, cached_geometry, dense_strides, empty_strided,
+                     triton_cdiv)
 from .reduction import stride_params
 
 
@@ -74,8 +76,8 @@ class ReductionTritonLauncher(Launcher):
             self.kernel[(programs_o, 1)](*args, per_program, out, SPLIT=False,
                                          BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
             return out
-        part = torch.empty((self.spec.meta["accumulators"], split, n_out), dtype=self.compute,
-                           device=out.device)
+        size = (self.spec.meta["accumulators"], split, n_out)
+        part = empty_strided(size, dense_strides(size), self.compute, out.device)
         self.kernel[(programs_o, split)](*args, per_program, part, SPLIT=True,
                                          BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
         block_s = min(_pow2(split), 256)
@@ -111,8 +113,15 @@ def _pow2(n: int) -> int:
 
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sm_count(device.index if device.index is not None else
+                              torch.cuda.current_device())
     return 32
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    # read once per device: get_device_properties costs some us on every launch
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,7 @@ class _ReductionGeometry:
 
     space: tuple[int, ...]  # kept dims first, reduced dims last
     out_shape: tuple[int, ...]
+    out_stride: tuple[int, ...]  # dense
     flat: tuple[bool, ...]  # per input: passed contiguous, read by linear index
     strides: tuple[int, ...]  # in launch order (codegen/reduction.py: stride_params)
     n_out: int
@@ -141,7 +151,7 @@ def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     (launch.cached_geometry)."""
     g = cached_geometry(spec, inputs, _reduction_geometry)
     device = inputs[0].device if inputs else torch.device("cpu")
-    out = torch.empty(g.out_shape, dtype=out_dtype, device=device)
+    out = empty_strided(g.out_shape, g.out_stride, out_dtype, device)
     tensors = [x.contiguous() if flat else x for x, flat in zip(inputs, g.flat, strict=True)]
     return g.space, out, tensors, g.strides, g.n_out, g.n_red, g.inner
 
@@ -170,6 +180,7 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
         if "out" in phases and not meta["out_flat"][i]:
             st = x.expand(out_shape).stride()
             strides.extend([st[k] for k in kept] if meta["keepdim"] else st)
-    return _ReductionGeometry(space, tuple(out_shape), tuple(flags), tuple(strides),
+    return _ReductionGeometry(space, tuple(out_shape), dense_strides(out_shape), tuple(flags),
+                              tuple(strides),
                               _numel(tuple(shape[k] for k in kept)),
                               _numel(tuple(shape[k] for k in dims)), inner is not False)

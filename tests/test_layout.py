@@ -313,3 +313,12 @@ def test_dense_order() -> None:
             inverse = [order.index(k) for k in range(4)]
             rebuilt = torch.empty([shape[k] for k in order]).permute(inverse)
             assert rebuilt.stride() == t.stride(), (shape, fmt)
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3, 4), (0, 3), (3, 0, 2), (1, 1, 7)])
+def test_launch_outputs_get_torch_contiguous_strides(shape) -> None:
+    from rewritec.codegen.launch import dense_strides, empty_strided
+
+    assert dense_strides(shape) == torch.empty(shape).stride()
+    out = empty_strided(shape, dense_strides(shape), torch.float16, torch.device("cpu"))
+    assert out.shape == shape and out.is_contiguous() and out.dtype == torch.float16
