@@ -303,8 +303,14 @@ ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "broadcast"])
 def test_looped_rows(narrow_rows_loop, fn, layout: str) -> None:
     x = _layout(layout, (150, 201) if fn is col_sum else (5, 201), torch.float32)
+    # col_sum reads rows only where dim 0 is innermost in memory (reduces_innermost);
+    # elsewhere it is a reduction kernel over column tiles
+    # (for the broadcast input, eager's tanh(x) * y is row-major, so is the sum's input)
+    columns = (fn is col_sum and layout != "transposed") or (fn is row_sum and
+                                                             layout == "transposed")
+    template = "reduction" if columns else "row_looped"
     # col_sum adds 150 rows: f32 rounding in another order than ATen's
-    _run(fn, "triton", x, torch.randn(201), template="row_looped", tol=1e-4)
+    _run(fn, "triton", x, torch.randn(201), template=template, tol=1e-4)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
@@ -396,3 +402,51 @@ def test_looped_row_nan_and_inf(narrow_rows_loop) -> None:
     got = rewritec.compile(fn, target="triton", strict=True)(x)
     torch.testing.assert_close(got, fn(x), equal_nan=True)
     assert "triton/row_looped" in _templates()
+
+
+# ------------------------------------------- rows or columns (rules/fuse/kernels.yaml)
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(64, 33), (7, 3, 40)])
+def test_fuse_row_reduction_leaves_columns_to_the_reduction_template(target, dtype,
+                                                                     shape) -> None:
+    """A bias gradient (a sum over dim 0 of a row-major matrix) read as rows takes
+    one memory line per value: `reduces_innermost` hands it to fuse-reduction. The
+    same sum over an input whose dim 0 is innermost in memory stays a row kernel."""
+    if dtype == torch.float16 and target == "openmp":
+        pytest.skip("half-precision inputs: Triton only")
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(shape, generator=g).to(dtype)
+    y = torch.randn(shape[-1:], generator=g).to(dtype)
+    tol = 2e-2 if dtype == torch.float16 else None
+    report.reset()
+    _check(col_sum, target, x, y, tol=tol)
+    fired = {k for r in report.RECORDS for k in r.rules_fired}
+    assert "fuse-reduction" in fired and "fuse-row-reduction" not in fired, fired
+    xt = torch.randn(shape[::-1], generator=g).to(dtype).permute(*reversed(range(len(shape))))
+    report.reset()
+    _check(col_sum, target, xt, y, tol=tol)
+    assert f"{target}/row" in _templates(), _templates()
+
+
+def test_reduces_innermost_reads_strides_then_shape() -> None:
+    from rewritec.engine.guards import _reduces_innermost
+    from rewritec.engine.term import Meta, TermStore
+
+    store = TermStore()
+
+    def reduction(shape, strides, dims):
+        # a new input each time: terms are hash-consed on op, arguments and attributes
+        n = len(store)
+        x = store.make("input", (), {"name": f"x{n}", "index": n, "kind": "input"},
+                       meta=Meta(shape=shape, strides=strides))
+        return store.make("sum", (x,), {"dim": dims, "keepdim": True}, meta=Meta())
+
+    assert _reduces_innermost(reduction((8, 4), (4, 1), [1]))
+    assert _reduces_innermost(reduction((8, 4), (4, 1), [-1]))
+    assert not _reduces_innermost(reduction((8, 4), (4, 1), [0]))
+    assert _reduces_innermost(reduction((8, 4), (1, 8), [0]))  # a transposed view
+    assert _reduces_innermost(reduction((8, 4, 1), (4, 1, 1), [1]))  # trailing size-1 dim
+    assert _reduces_innermost(reduction((8, 4), (), [1]))  # strides unknown: the last dim
+    assert not _reduces_innermost(reduction((8, 4), (), [0]))
+    assert not _reduces_innermost(reduction((8, 4), (4, 1), []))  # every dim: not a row
