@@ -53,6 +53,7 @@ class Captured:
 
 def capture(blocks: int, tokens: int = 16) -> list[Captured]:
     """The forward and backward ATen graphs rewritec would be handed."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     from rewritec.frontend.decompositions import decomposition_table
@@ -62,7 +63,8 @@ def capture(blocks: int, tokens: int = 16) -> list[Captured]:
     def keep(kind: str) -> Any:
         def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
             graphs.append(Captured(gm, list(inputs), kind))
-            return gm.forward
+            # AOTAutograd calls compiled graphs with one list of arguments
+            return make_boxed_func(gm.forward)
         return compiler
 
     torch._dynamo.reset()
