@@ -208,7 +208,9 @@ class Rewriter:
         st = self.stats.setdefault(rule.name, RuleStats())
         st.tried += 1
         start = time.perf_counter()
-        explaining = self.explain is not None and self.explain.rule == rule.name
+        # the explanation being built for this rule (`rewritec explain`), if any
+        explain = self.explain if self.explain is not None and self.explain.rule == rule.name \
+            else None
         matcher = Matcher(self.table)
         try:
             for env in matcher.match(rule.pattern, t, {}):
@@ -217,33 +219,33 @@ class Rewriter:
                               None)
                 if failed is not None:
                     st.rejected_guard += 1
-                    if explaining:
-                        self.explain.consider(Failure(10**6, f"guard `{failed}` is false", t))
+                    if explain is not None:
+                        explain.consider(Failure(10**6, f"guard `{failed}` is false", t))
                     continue
                 try:
                     assert rule.replace is not None
                     replacement = self.builder.term(rule.replace, env)
                 except Exception as e:  # noqa: BLE001 - an op that cannot take these inputs
                     st.rejected_meta += 1
-                    if explaining:
-                        self.explain.consider(Failure(10**6, f"replacement cannot be built: {e}",
+                    if explain is not None:
+                        explain.consider(Failure(10**6, f"replacement cannot be built: {e}",
                                                       t))
                     continue
                 if not _same_value_type(t, replacement):
                     st.rejected_meta += 1
-                    if explaining:
-                        self.explain.consider(Failure(
+                    if explain is not None:
+                        explain.consider(Failure(
                             10**6, f"replacement changes the result type "
                             f"({t.meta.short()} -> {replacement.meta.short()})", t))
                     continue
                 return replacement
-            if explaining and matcher.failure is not None:
-                self.explain.consider(matcher.failure)
+            if explain is not None and matcher.failure is not None:
+                explain.consider(matcher.failure)
             return None
         finally:
             st.seconds += time.perf_counter() - start
-            if explaining:
-                self.explain.roots_seen += 1
+            if explain is not None:
+                explain.roots_seen += 1
 
 
 def _same_value_type(old: Term, new: Term) -> bool:

@@ -144,7 +144,8 @@ class RuleLoader:
             raise RuleErrors(errors)
         return rules
 
-    def _rule(self, entry: Any, file: str, line: int, lines: dict[tuple[Any, ...], int],
+    # `lines` maps a key path to its line, and ("@", *path) to the (line, col) of its value
+    def _rule(self, entry: Any, file: str, line: int, lines: dict[tuple[Any, ...], Any],
               path: tuple[Any, ...], default_kind: str | None, builtin: bool) -> Rule:
         where = Where(file, line)
         if not isinstance(entry, dict):

@@ -7,6 +7,7 @@ building terms) and `guards.py` (guards).
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -138,12 +139,6 @@ def _to_ast() -> Any:
         def string(self, meta: Any, c: list[Any]) -> Node:
             return Lit(str(c[0])[1:-1], **_pos(meta))
 
-        def tuple(self, meta: Any, c: list[Any]) -> Node:
-            return Seq("tuple", tuple(x for x in c if x is not None), **_pos(meta))
-
-        def list(self, meta: Any, c: list[Any]) -> Node:
-            return Seq("list", tuple(x for x in c if x is not None), **_pos(meta))
-
         def call(self, meta: Any, c: list[Any]) -> Node:
             args: list[Node] = []
             kwargs: list[tuple[str, Node]] = []
@@ -199,6 +194,14 @@ def _to_ast() -> Any:
         def index(self, meta: Any, c: list[Any]) -> Node:
             return Index(c[0], c[1], **_pos(meta))
 
+        # Last in the class: methods named after the grammar's `tuple` and `list`
+        # rules would hide the builtins from the annotations after them.
+        def tuple(self, meta: Any, c: builtins.list[Any]) -> Node:
+            return Seq("tuple", builtins.tuple(x for x in c if x is not None), **_pos(meta))
+
+        def list(self, meta: Any, c: builtins.list[Any]) -> Node:
+            return Seq("list", builtins.tuple(x for x in c if x is not None), **_pos(meta))
+
     return _ToAst
 
 
@@ -229,7 +232,9 @@ def _hint(text: str, err: lark.exceptions.LarkError) -> str:
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
         return "expression ends too early (unbalanced parenthesis or missing operand?)"
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
-        return f"unexpected character {text[err.pos_in_stream]!r}"
+        pos = err.pos_in_stream
+        return f"unexpected character {text[pos]!r}" if pos is not None else \
+            "unexpected character"
     if isinstance(err, lark.exceptions.UnexpectedToken):
         tok = err.token
         if tok.value == "=":
