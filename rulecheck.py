@@ -267,13 +267,18 @@ def rule_report(rule: Rule, library: list[Rule] | None = None) -> tuple[list[str
 def verify_user_rules(rules: list[Rule]) -> None:
     """Run each user rule's examples before it is used to compile anything: a rule
     whose replacement changes results is rejected, with its file:line."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     from .engine.errors import RuleErrors
 
     errors: list[RuleError] = []
     for rule in rules:
         for i, ex in enumerate(rule.examples):
             try:
-                r = run_example(rule, ex, i)
+                # The first compilation loads the rules under AOTAutograd's fake mode,
+                # where the examples' real tensors cannot run (nonzero in assert_close).
+                with unset_fake_temporarily():
+                    r = run_example(rule, ex, i)
                 problem = None if r.ok else r.message
             except RuleError as e:
                 problem = e.message
