@@ -78,7 +78,7 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
                       location=term.attr("location"), template=term.attr("template"),
                       inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype, rank=rank,
                       replaced_ops=len([t for t in ops if t.op not in RESHAPES]),
-                      meta={"shape": shape, "mm": mm, "a": x.attr("index"), "b": y.attr("index"),
+                      meta={"shape": shape, "a": x.attr("index"), "b": y.attr("index"),
                             "bias": None if bias is None or bias.op != "arg"
                             else bias.attr("index"),
                             "epilogue": sorted(a.attr("index") for a in epilogue_args),

@@ -85,6 +85,29 @@ def test_second_compile_is_loaded_and_matches_eager(fn, dtype, target, aot_calls
     assert warm.kernels, "nothing was fused: the test would not load a kernel"
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_half_precision_product_with_its_epilogue_is_loaded(bias, aot_calls) -> None:
+    """fuse-matmul's kernel (Triton only): its spec once kept the product's term,
+    example tensors included, so no graph with a fused matmul was ever stored."""
+    a = torch.randn(64, 96, dtype=torch.half, device=TRITON_DEVICE)
+    b = torch.randn(96, 48, dtype=torch.half, device=TRITON_DEVICE)
+    c = torch.randn(48, dtype=torch.half, device=TRITON_DEVICE)
+
+    def fn(a, b, c):  # type: ignore[no-untyped-def]
+        return torch.nn.functional.gelu((torch.addmm(c, a, b) if bias else a @ b) + 1)
+
+    with torch.no_grad():
+        first, second = _compile_twice(fn, (a, b, c), target="triton")
+        expected = fn(a, b, c)
+    torch.testing.assert_close(first, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(second, expected, rtol=2e-2, atol=2e-2)
+    assert len(aot_calls) == 1, "the second compile went through AOTAutograd"
+    cold, warm = report.RECORDS
+    assert (cold.cached, warm.cached) == (False, True)
+    assert any(k["template"] == "triton/matmul" for k in cold.kernels)
+    assert warm.kernels == cold.kernels
+
+
 @pytest.mark.parametrize("layout", [(6, 40), (40, 6)])
 def test_other_strides_are_another_entry(layout, aot_calls) -> None:
     w = torch.randn(40)
