@@ -170,9 +170,9 @@ def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:
     return fn, src
 
 
-def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
-    """Write (or reuse) the module file and import the @triton.jit kernel from it."""
-    triton_startup.wait()  # a start-up begun by the backend finishes first
+def triton_module(source: str) -> Path:
+    """Write (or reuse) the module file of a Triton kernel's source; Triton's JIT
+    reads its kernels' source back from their file."""
     key = _sha(source.encode())
     root = cache_dir()
     path = root / f"{key}.py"
@@ -181,6 +181,14 @@ def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
         with os.fdopen(fd, "w") as f:
             f.write(source)
         _publish(Path(tmp_name), path)
+    return path
+
+
+def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
+    """Write (or reuse) the module file and import the @triton.jit kernel from it."""
+    triton_startup.wait()  # a start-up begun by the backend finishes first
+    path = triton_module(source)
+    key = path.stem
     name = f"rewritec_kernels.{symbol}_{key[:12]}"
     module = sys.modules.get(name)
     if module is None:

@@ -10,6 +10,7 @@ through ATen, with a warning naming the rule and template (`strict` raises).
 from __future__ import annotations
 
 import ctypes
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,9 +21,9 @@ import torch
 
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import TORCH_DTYPES, Bridge
-from . import row_looped
+from . import row_looped, static_launch
 from .attention import attention_launch, attention_spec, render_attention
-from .build import BuildError, build_cpp, load_triton
+from .build import BuildError, build_cpp, load_triton, triton_module
 from .kernels import KernelSpec, RenderError, block_pow2, render, spec_of
 from .matmul import matmul_launch_args
 from .reduction import reduction_spec, render_reduction
@@ -157,14 +158,16 @@ class KernelRecipe:
     source: str
     launcher: str  # the Launcher class's name
 
-    def build(self, spec: KernelSpec, fallback: Callable[..., torch.Tensor]
-              ) -> tuple[Launcher, Path]:
+    def build(self, spec: KernelSpec, fallback: Callable[..., torch.Tensor],
+              lazy: bool = False) -> tuple[Launcher, Path]:
+        """The launcher. `lazy` (a recipe that built before, in the graph cache)
+        imports the Triton module only when a launch needs Triton's JIT."""
         cls: Any = _launcher_type(self.launcher)
         if self.target == "triton":
-            jit, path = load_triton(self.source, spec.name)
-            fn = DirectKernel(jit)  # launched through its compiled binary after the first call
+            path = triton_module(self.source)
+            fn = _direct(self.source, spec.name, lazy)
             if self.launcher == "ReductionTritonLauncher":
-                combine = DirectKernel(load_triton(self.source, f"{spec.name}_combine")[0])
+                combine = _direct(self.source, f"{spec.name}_combine", lazy)
                 launcher = cls(spec, fn, combine, fallback)
             else:
                 launcher = cls(spec, fn, fallback)
@@ -173,6 +176,17 @@ class KernelRecipe:
             launcher = cls(spec, fn, fallback)
         launcher.recipe = self
         return launcher, path
+
+
+def _direct(source: str, symbol: str, lazy: bool) -> DirectKernel:
+    """A kernel launched through its compiled binary after its first call, and
+    through a binary stored by an earlier process where one is (static_launch.py)."""
+    binaries = None
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and static_launch.available():
+        binaries = static_launch.Binaries(source, symbol)
+    if lazy:
+        return DirectKernel(load=lambda: load_triton(source, symbol)[0], binaries=binaries)
+    return DirectKernel(load_triton(source, symbol)[0], binaries=binaries)
 
 
 def launcher_class(spec: KernelSpec, target: str) -> str:

@@ -62,17 +62,35 @@ def _current_device() -> int:
 
 
 class DirectKernel:
-    """Used like the JIT function it wraps: `kernel[grid](*args, **constexprs)`."""
+    """Used like the JIT function it wraps: `kernel[grid](*args, **constexprs)`.
 
-    def __init__(self, jit: Any, params: list[tuple[str, bool]] | None = None,
-                 device: Callable[[], int] = _current_device) -> None:
-        self.jit = jit
-        self.params = params if params is not None else _jit_params(jit)
+    `load` instead of `jit` defers importing the kernel (and Triton) to the first
+    call that needs the JIT; with `binaries` (codegen/static_launch.py), a call
+    whose binary an earlier process stored launches it without the JIT at all.
+    """
+
+    def __init__(self, jit: Any = None, params: list[tuple[str, bool]] | None = None,
+                 device: Callable[[], int] = _current_device, *,
+                 load: Callable[[], Any] | None = None, binaries: Any = None) -> None:
+        self._jit_fn = jit
+        self._load = load
+        self.params = params if params is not None or jit is None else _jit_params(jit)
         self.device = device
+        self.binaries = binaries
         self.runners: dict[Any, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {}
-        self.direct = 0  # launches that skipped the JIT (tests read these two)
+        self.direct = 0  # launches that skipped the JIT (tests read these three)
         self.jitted = 0  # launches through the JIT
+        self.stored = 0  # launches of a binary stored by an earlier process
         self.disabled: str | None = None  # why every call goes through the JIT
+
+    @property
+    def jit(self) -> Any:
+        if self._jit_fn is None:
+            assert self._load is not None, "DirectKernel needs a jit or a load"
+            self._jit_fn = self._load()
+            if self.params is None:
+                self.params = _jit_params(self._jit_fn)
+        return self._jit_fn
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
@@ -81,29 +99,40 @@ class DirectKernel:
         return launch
 
     def launch(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.params is None or type(grid) is not tuple:
+        if self._jit_fn is None and self.binaries is None:
+            self.jit  # noqa: B018 - no binary to find: load it (which sets `params`)
+        if self.disabled is not None or type(grid) is not tuple or (
+                self.params is None and self._jit_fn is not None):
             return self._jit(grid, args, kwargs)
-        key = (grid, self.device(), tuple(kwargs.items()), _signature(args))
+        device = self.device()
+        call = (tuple(kwargs.items()), _signature(args))
+        key = (grid, device, call)
         try:
             hit = self.runners.get(key)
         except TypeError:  # an unhashable argument: nothing to remember it by
             return self._jit(grid, args, kwargs)
+        if hit is None and self.binaries is not None:
+            run = self.binaries.find(call, device, grid)
+            if run is not None:
+                hit = self.runners[key] = (run, (), None)
+                self.stored += 1
         if hit is not None:
             run, tail, compiled = hit
             try:
                 run(*args, *tail)
             except Exception as e:  # noqa: BLE001 - a launcher that differs: the JIT from now on
                 self.disabled = f"direct launch failed: {type(e).__name__}: {e}"
-                self.params = None
                 self.runners.clear()
                 return self._jit(grid, args, kwargs)
             self.direct += 1
             return compiled
         compiled = self._jit(grid, args, kwargs)
-        if len(self.runners) < LIMIT:
+        if len(self.runners) < LIMIT and self.params is not None:
             runner = self._runner(compiled, grid, len(args), kwargs)
             if runner is not None:
                 self.runners[key] = runner
+                if self.binaries is not None:
+                    self.binaries.keep(call, device, compiled, len(args))
         return compiled
 
     def _jit(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

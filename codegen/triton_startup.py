@@ -48,11 +48,8 @@ def _stored_key(cache_file: str, compute: Callable[[], Any]) -> str:
     from .build import cache_dir
 
     root = Path(cache_file).resolve().parents[1]  # triton/runtime/cache.py -> triton/
-    files = [Path(cache_file).resolve(), *sorted((root / "_C").glob("libtriton*"))]
-    for sub in ("compiler", "backends", "language"):
-        files += sorted((root / sub).rglob("*.py"))
     h = hashlib.sha256(getattr(sys.modules.get("triton"), "__version__", "").encode())
-    for f in files:
+    for f in installed_files(root):
         st = f.stat()
         h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     path = cache_dir() / f"triton_key-{h.hexdigest()[:32]}"
@@ -66,6 +63,15 @@ def _stored_key(cache_file: str, compute: Callable[[], Any]) -> str:
         out.write(value)
     os.replace(tmp, path)
     return value
+
+
+def installed_files(root: Path) -> list[Path]:
+    """The files of the Triton installed at `root` whose change changes what it
+    compiles: its library, runtime cache and compiler, backends and language."""
+    files = [root / "runtime" / "cache.py", *sorted((root / "_C").glob("libtriton*"))]
+    for sub in ("compiler", "backends", "language"):
+        files += sorted((root / sub).rglob("*.py"))
+    return files
 
 
 def _warm() -> None:

@@ -35,9 +35,6 @@ def _is_buffer(node: torch.fx.Node) -> bool:
 def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
                      options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
     opts = Options.make(options)
-    if opts.target in ("auto", "triton") and any(
-            isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
-        triton_startup.start()  # overlaps Triton's own start-up with tracing
     # Parameters and buffers arrive as graph inputs; remember which, for folding
     # in inference graphs (frontend/fold.py guards that against later updates).
     params = [isinstance(x, torch.nn.Parameter) or _is_buffer(n)
@@ -50,7 +47,10 @@ def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
 
         hit = graph_cache.load(key, example_inputs, params, opts, recompile)
         if hit is not None:
-            return hit
+            return hit  # its kernels launch binaries stored before, without Triton's JIT
+    if opts.target in ("auto", "triton") and any(
+            isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        triton_startup.start()  # overlaps Triton's own start-up with tracing
     return _through_aot(gm, example_inputs, opts, params, key)
 
 

@@ -384,7 +384,7 @@ def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts:
     for name, (kind, *rest) in entry["names"].items():
         if kind == "kernel":
             recipe, spec, strict = rest
-            launcher, _ = recipe.build(spec, _kernel_failed)
+            launcher, _ = recipe.build(spec, _kernel_failed, lazy=True)
             launcher.strict = strict
             namespace[name] = launcher
             kernels.append(launcher)

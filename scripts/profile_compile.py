@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("device", nargs="?", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backend", default="rewritec")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--save", help="also write the profile to this file (pstats format)")
     args = p.parse_args()
     cfg = Config(device=torch.device(args.device), quick=False)
     inst = BY_NAME[args.case].build(cfg)
@@ -43,6 +44,8 @@ def main() -> int:
         synchronize(cfg.device)
         prof.disable()
     print(f"first call: {time.perf_counter() - t0:.2f} s")
+    if args.save:
+        prof.dump_stats(args.save)
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(15)
