@@ -270,7 +270,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     launchers: dict[Any, Any] = {}
     if any(t.op == "kernel" for t in graph.terms()):
-        from .codegen.launch import prepare_kernels
+        from .codegen.prepare import prepare_kernels
 
         prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
                                    strict=opts.strict, out_dir=opts.out_dir, name=name,

@@ -181,7 +181,7 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     want = lower(graph, bridge, f"{rule.name}_before").fn(list(values))[0]
     after, launchers = result.graph, {}
     if rule.kind == "fuse":
-        from .codegen.launch import prepare_kernels
+        from .codegen.prepare import prepare_kernels
 
         prepared = prepare_kernels(after, store, target, strict=True, out_dir=None,
                                    name=rule.name)

@@ -18,7 +18,6 @@ import hashlib
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -27,6 +26,7 @@ from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms,
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .build import vector_math_decls
+from .spec import KernelSpec, KInput, block_pow2, static_width  # noqa: F401 - their home was here
 from .templates import has_template, render_template
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
@@ -44,48 +44,6 @@ NAN_COMBINE_MAX_COLS = 4096
 
 class RenderError(Exception):
     """The group cannot be rendered by this target; it falls back to ATen."""
-
-
-@dataclass
-class KInput:
-    name: str  # in0, in1, ...
-    dtype: str
-    flat: bool  # contiguous with the space's shape: offset is the linear index
-    per_row: bool  # row kernels: one value per row ([R..., 1])
-    rank: int  # the space's rank (strides are passed for every dim)
-    shared: bool = False  # row kernels: one row for every row (layer_norm's weight)
-
-
-@dataclass
-class KernelSpec:
-    name: str
-    kind: str  # pointwise | row | matmul | attention
-    rule: str
-    location: str
-    template: str
-    inputs: list[KInput]
-    body: list[Term]
-    root: Term
-    out_dtype: str
-    rank: int  # rank of the iteration space (row: rank of [R..., C])
-    replaced_ops: int
-    per_row_out: bool = False
-    meta: dict[str, Any] = field(default_factory=dict)
-    # Set on the copy a launcher keeps for the graph cache (frontend/graph_cache.py),
-    # which drops the body: what `compute` found while the body was there.
-    compute_dtype: str | None = None
-
-    @property
-    def compute(self) -> str:
-        """The dtype kernel arithmetic runs in: f64 if anything is f64, else f32."""
-        if self.compute_dtype is not None:
-            return self.compute_dtype
-        dtypes = {t.meta.dtype for t in self.body if t.op != "const"}
-        return "f64" if "f64" in dtypes else "f32"
-
-    def for_launch(self) -> KernelSpec:
-        """This spec without its terms: what launching needs, and all a cache stores."""
-        return replace(self, body=[], root=None, compute_dtype=self.compute)  # type: ignore[arg-type]
 
 
 def kernel_kind(term: Term) -> str:
@@ -227,17 +185,6 @@ def subspace_offset(dims: list[int], sizes: list[sympy.Expr], strides: list[symp
         pos = q if n == 0 else sympy.Mod(q, sizes[k])
         expr += pos * strides[k]
     return expr
-
-
-def block_pow2(n: int) -> int:
-    """A power-of-two block of at least n (and 16, tl.dot's least) values."""
-    return max(16, 1 << (n - 1).bit_length())
-
-
-def static_width(spec: KernelSpec) -> int | None:
-    """A row kernel's row length when it is static; None when it is symbolic."""
-    cols = spec.meta["shape"][spec.meta["dim"]]
-    return cols if isinstance(cols, int) else None
 
 
 def row_width_param(spec: KernelSpec) -> str:

@@ -1,10 +1,12 @@
-"""Turning the `kernel` terms of a graph into callable launchers.
+"""Launching generated kernels: the launchers a compiled graph calls.
 
-For each kernel term: build its `KernelSpec`, render it for the target, build
-it through the cache and wrap it in a launcher that allocates the output,
-computes sizes, strides and the grid at run time, and launches. A kernel that
-fails to render or build is replaced by its body again, so that group runs
-through ATen, with a warning naming the rule and template (`strict` raises).
+Each launcher allocates the output, computes sizes, strides and the grid at run
+time from its `KernelSpec` (codegen/spec.py), and launches; a launch that fails
+runs the group's ATen body instead. `KernelRecipe` makes a launcher again from
+the kernel's source, which is how the graph cache (frontend/graph_cache.py)
+loads a compiled graph. This module imports neither the rule engine nor the
+renderers, so such a load stays cheap; building launchers for a new graph is
+codegen/prepare.py's work.
 """
 
 from __future__ import annotations
@@ -13,21 +15,16 @@ import ctypes
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..engine.term import Graph, Term, TermStore, rebuild
-from ..frontend.aten import TORCH_DTYPES, Bridge
-from . import row_looped, static_launch
-from .attention import attention_launch, attention_spec, render_attention
-from .build import BuildError, build_cpp, load_triton, triton_module
-from .kernels import KernelSpec, RenderError, block_pow2, render, spec_of
-from .matmul import matmul_launch_args
-from .reduction import reduction_spec, render_reduction
-from .row_looped import looped, render_row_looped
+from ..frontend.dtypes import TORCH_DTYPES
+from . import static_launch
+from .build import build_cpp, load_triton, triton_module
+from .spec import KernelSpec, block_pow2
 from .triton_direct import DirectKernel
 
 
@@ -99,6 +96,11 @@ class TritonLauncher(Launcher):
                  fallback: Callable[..., torch.Tensor]) -> None:
         super().__init__(spec, kernel, fallback)
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+        self.chunk: Callable[[KernelSpec, int], int] | None = None
+        if spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
+            from .row_looped import chunk
+
+            self.chunk = chunk
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
@@ -119,8 +121,8 @@ class TritonLauncher(Launcher):
             cols = space[-1]
             rows = _numel(space) // cols
             block = block_pow2(cols)
-            if self.spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
-                block = row_looped.chunk(self.spec, block)
+            if self.chunk is not None:
+                block = self.chunk(self.spec, block)
             self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
                                  num_warps=row_warps(block))
         return out
@@ -129,8 +131,15 @@ class TritonLauncher(Launcher):
 class MatmulLauncher(Launcher):
     """A matrix product with its epilogue (codegen/matmul.py); Triton only."""
 
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
+        super().__init__(spec, kernel, fallback)
+        from .matmul import matmul_launch_args
+
+        self.launch_args = matmul_launch_args
+
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        args, out, tile = matmul_launch_args(self.spec, inputs)
+        args, out, tile = self.launch_args(self.spec, inputs)
         m, n = args[0], args[1]
         if out.numel() == 0 or args[2] == 0:
             return self.fallback(*inputs)  # empty products: nothing to tile
@@ -144,8 +153,15 @@ class MatmulLauncher(Launcher):
 class AttentionLauncher(Launcher):
     """softmax(q @ kt * scale, masked) @ v in one kernel (codegen/attention.py); Triton only."""
 
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., torch.Tensor]) -> None:
+        super().__init__(spec, kernel, fallback)
+        from .attention import attention_launch
+
+        self.attention_launch = attention_launch
+
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        out = attention_launch(self.spec, self.kernel, inputs)
+        out = self.attention_launch(self.spec, self.kernel, inputs)
         return self.fallback(*inputs) if out is None else out
 
 
@@ -199,11 +215,12 @@ def launcher_class(spec: KernelSpec, target: str) -> str:
 
 
 def _launcher_type(name: str) -> type[Launcher]:
-    # imported here: codegen/reduction_launch.py builds on this module's Launcher
-    from .reduction_launch import ReductionCppLauncher, ReductionTritonLauncher
+    if name.startswith("Reduction"):
+        # imported here: codegen/reduction_launch.py builds on this module's Launcher
+        from . import reduction_launch
 
-    types = (CppLauncher, TritonLauncher, MatmulLauncher, AttentionLauncher,
-             ReductionCppLauncher, ReductionTritonLauncher)
+        return getattr(reduction_launch, name)  # type: ignore[no-any-return]
+    types = (CppLauncher, TritonLauncher, MatmulLauncher, AttentionLauncher)
     return next(c for c in types if c.__name__ == name)
 
 
@@ -341,128 +358,3 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
                 x = x.permute(flat)
             tensors.append(x if x.is_contiguous() else x.contiguous())
     return g.space, out, tensors, g.strides
-
-
-@dataclass
-class Prepared:
-    graph: Graph
-    launchers: dict[Term, Any] = field(default_factory=dict)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    failed: int = 0  # kernels that went back to their ATen body
-
-
-def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
-    """The kernel's group run op by op through ATen (the launch-failure fallback)."""
-    order = [t for t in kernel.attr("body").walk() if t.op not in ("arg", "const")]
-
-    def run(*inputs: torch.Tensor) -> torch.Tensor:
-        values: dict[Term, Any] = {}
-        for t in kernel.attr("body").walk():
-            if t.op == "arg":
-                values[t] = inputs[t.attr("index")]
-            elif t.op == "const":
-                values[t] = t.value
-        for t in order:
-            values[t] = bridge.run(t, [values[a] for a in t.args])
-        return values[kernel.attr("body")]
-
-    return run
-
-
-def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
-                    out_dir: str | None, name: str, bridge: Bridge | None = None,
-                    warn: Callable[[str], None] | None = None) -> Prepared:
-    """Build every kernel term of `graph`; failed ones go back to their ATen body."""
-    prepared = Prepared(graph)
-    failed: dict[Term, Term] = {}
-    order = graph.terms()
-    for t in order:
-        if t.op != "kernel":
-            continue
-        index = len(prepared.launchers) + len(failed)
-        try:
-            reduction = t.attr("template") == "reduction"
-            attention = t.attr("template") == "attention"
-            if attention and target != "triton":
-                raise RenderError(f"no {target} template for attention")
-            spec = (reduction_spec(t, index) if reduction else
-                    attention_spec(t, index) if attention else spec_of(t, index))
-            if spec.kind == "row":
-                spec.meta["cols"] = _static(spec)
-                if target == "triton" and looped(spec):
-                    spec.template = "row_looped"
-            elif spec.kind == "pointwise" and target == "triton" and spec.meta.get("tile") is not None:
-                spec.template = "pointwise_tiled"  # a layout change: 2-d tiles (kernels.py)
-            source = (render_reduction(spec, target) if reduction else
-                      render_attention(spec) if attention else
-                      render_row_looped(spec) if spec.template == "row_looped" else
-                      render(spec, target))
-            recipe = KernelRecipe(target, source, launcher_class(spec, target))
-            launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
-        except (RenderError, BuildError, KeyError, ValueError) as e:
-            message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
-                       f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
-            if strict:
-                from ..engine.errors import CompileError
-
-                raise CompileError(message) from None
-            (warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=3)))(message)
-            failed[t] = inline_body(t, store)
-            continue
-        launcher.strict = strict
-        prepared.launchers[t] = launcher
-        if out_dir:
-            out = Path(out_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            ext = "py" if target == "triton" else "cpp"
-            copy = out / f"{name}.{spec.name}.{ext}"
-            copy.write_text(source)
-            path = copy
-        prepared.records.append({"name": spec.name, "target": target, "source": str(path),
-                                 "rules": [spec.rule], "template": f"{target}/{spec.template}",
-                                 "replaced_ops": spec.replaced_ops,
-                                 "order": spec.meta.get("order")})
-    if failed:
-        prepared.graph = _substitute(graph, store, failed)
-        prepared.failed = len(failed)
-    return prepared
-
-
-def _static(spec: KernelSpec) -> int:
-    """The row length known at compile time (1 when it is symbolic)."""
-    try:
-        return int(spec.meta["shape"][spec.meta["dim"]])
-    except (TypeError, KeyError, IndexError):
-        return 1
-
-
-def inline_body(kernel: Term, store: TermStore) -> Term:
-    """The kernel's computation as ordinary terms over its operands."""
-    done: dict[Term, Term] = {}
-    for t in kernel.attr("body").walk():
-        if t.op == "arg":
-            done[t] = kernel.args[t.attr("index")]
-        elif t.op == "const":
-            done[t] = t
-        else:
-            done[t] = store.make(t.op, [done[a] for a in t.args], t.attrs, meta=t.meta)
-    return done[kernel.attr("body")]
-
-
-def _substitute(graph: Graph, store: TermStore, repl: dict[Term, Term]) -> Graph:
-    """`graph` with each failed kernel replaced by its body over the new terms."""
-
-    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
-        if t not in repl:
-            return None
-        memo: dict[Term, Term] = {}
-        for u in repl[t].walk():
-            if u in new:
-                memo[u] = new[u]
-            elif u.args:
-                memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
-            else:
-                memo[u] = u
-        return memo[repl[t]]
-
-    return rebuild(graph, store, replace)

@@ -40,6 +40,7 @@ from .kernels import (
     print_index,
     value_expr,
 )
+from .spec import stride_params
 from .templates import render_template
 
 # OpenMP: below this many elements, an output's reduction is not worth a
@@ -92,20 +93,6 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
                             "phases": [sorted(phases[i]) for i in range(len(inputs))],
                             "in_flat": in_flat, "out_flat": out_flat,
                             "accumulators": len(reductions)})
-
-
-def stride_params(spec: KernelSpec) -> list[str]:
-    """Stride arguments in launch order: per input, the input space's (permuted)
-    strides if the prologue reads it strided, then the output's if the epilogue does."""
-    params = []
-    kept = len(spec.meta["kept"])
-    for i, inp in enumerate(spec.inputs):
-        phases = spec.meta["phases"][i]
-        if "in" in phases and not spec.meta["in_flat"][i]:
-            params += [f"{inp.name}_stride{k}" for k in range(spec.rank)]
-        if "out" in phases and not spec.meta["out_flat"][i]:
-            params += [f"{inp.name}_out_stride{k}" for k in range(kept)]
-    return params
 
 
 def linear_offset(index: str, positions: list[int], stride: str) -> sympy.Expr:

@@ -12,11 +12,10 @@ from typing import Any
 
 import torch
 
-from ..frontend.aten import TORCH_DTYPES
-from .kernels import KernelSpec
+from ..frontend.dtypes import TORCH_DTYPES
 from .launch import (CppLauncher, Launcher, _numel, cached_geometry, dense_strides, empty_strided,
                      triton_cdiv)
-from .reduction import stride_params
+from .spec import KernelSpec, stride_params
 
 
 class ReductionCppLauncher(CppLauncher):

@@ -19,13 +19,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..engine.ops import OpInfo, OpTable, default_op_table
 from ..engine.term import Meta, Term
+from .dtypes import DTYPES, TORCH_DTYPES  # noqa: F401 - used here and by importers of this module
 
-DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
-    torch.uint8: "u8", torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
-}
-TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 
 
 @dataclass(frozen=True)

@@ -107,21 +107,21 @@ def test_causal_mask_skips_the_mask() -> None:
     """A frozen tril mask is recognized as causal: the kernel masks by index."""
     model = SelfAttention(32, 2, 40, "causal").to(DEVICE, torch.float16).eval()
     x = torch.randn(2, 40, 32, device=DEVICE, dtype=torch.float16)
-    from rewritec.codegen import launch
+    from rewritec.codegen import prepare
 
     seen: list[bool] = []
-    spec = launch.attention_spec
+    spec = prepare.attention_spec
 
     def spy(term, index):
         out = spec(term, index)
         seen.append(out.meta["causal"])
         return out
 
-    launch.attention_spec = spy
+    prepare.attention_spec = spy
     try:
         got, want = run(model, x)
     finally:
-        launch.attention_spec = spec
+        prepare.attention_spec = spec
     assert seen == [True]
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
 

@@ -1,0 +1,152 @@
+"""Turning the `kernel` terms of a graph into launchers (codegen/launch.py).
+
+For each kernel term: build its `KernelSpec`, render it for the target, build
+it through the cache and wrap it in its launcher. A kernel that fails to render
+or build is replaced by its body again, so that group runs through ATen, with a
+warning naming the rule and template (`strict` raises).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..engine.term import Graph, Term, TermStore, rebuild
+from ..frontend.aten import Bridge
+from .attention import attention_spec, render_attention
+from .build import BuildError
+from .kernels import KernelSpec, RenderError, render, spec_of
+from .launch import KernelFallback, KernelRecipe, launcher_class
+from .reduction import reduction_spec, render_reduction
+from .row_looped import looped, render_row_looped
+
+
+@dataclass
+class Prepared:
+    graph: Graph
+    launchers: dict[Term, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    failed: int = 0  # kernels that went back to their ATen body
+
+
+def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
+    """The kernel's group run op by op through ATen (the launch-failure fallback)."""
+    order = [t for t in kernel.attr("body").walk() if t.op not in ("arg", "const")]
+
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        values: dict[Term, Any] = {}
+        for t in kernel.attr("body").walk():
+            if t.op == "arg":
+                values[t] = inputs[t.attr("index")]
+            elif t.op == "const":
+                values[t] = t.value
+        for t in order:
+            values[t] = bridge.run(t, [values[a] for a in t.args])
+        return values[kernel.attr("body")]
+
+    return run
+
+
+def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
+                    out_dir: str | None, name: str, bridge: Bridge | None = None,
+                    warn: Callable[[str], None] | None = None) -> Prepared:
+    """Build every kernel term of `graph`; failed ones go back to their ATen body."""
+    prepared = Prepared(graph)
+    failed: dict[Term, Term] = {}
+    order = graph.terms()
+    for t in order:
+        if t.op != "kernel":
+            continue
+        index = len(prepared.launchers) + len(failed)
+        try:
+            reduction = t.attr("template") == "reduction"
+            attention = t.attr("template") == "attention"
+            if attention and target != "triton":
+                raise RenderError(f"no {target} template for attention")
+            spec = (reduction_spec(t, index) if reduction else
+                    attention_spec(t, index) if attention else spec_of(t, index))
+            if spec.kind == "row":
+                spec.meta["cols"] = _static(spec)
+                if target == "triton" and looped(spec):
+                    spec.template = "row_looped"
+            elif (spec.kind == "pointwise" and target == "triton"
+                  and spec.meta.get("tile") is not None):
+                spec.template = "pointwise_tiled"  # a layout change: 2-d tiles (kernels.py)
+            source = (render_reduction(spec, target) if reduction else
+                      render_attention(spec) if attention else
+                      render_row_looped(spec) if spec.template == "row_looped" else
+                      render(spec, target))
+            recipe = KernelRecipe(target, source, launcher_class(spec, target))
+            launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
+        except (RenderError, BuildError, KeyError, ValueError) as e:
+            message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
+                       f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
+            if strict:
+                from ..engine.errors import CompileError
+
+                raise CompileError(message) from None
+            (warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=3)))(message)
+            failed[t] = inline_body(t, store)
+            continue
+        launcher.strict = strict
+        prepared.launchers[t] = launcher
+        if out_dir:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            ext = "py" if target == "triton" else "cpp"
+            copy = out / f"{name}.{spec.name}.{ext}"
+            copy.write_text(source)
+            path = copy
+        prepared.records.append({"name": spec.name, "target": target, "source": str(path),
+                                 "rules": [spec.rule], "template": f"{target}/{spec.template}",
+                                 "replaced_ops": spec.replaced_ops,
+                                 "order": spec.meta.get("order")})
+    if failed:
+        prepared.graph = _substitute(graph, store, failed)
+        prepared.failed = len(failed)
+    return prepared
+
+
+def _static(spec: KernelSpec) -> int:
+    """The row length known at compile time (1 when it is symbolic)."""
+    try:
+        return int(spec.meta["shape"][spec.meta["dim"]])
+    except (TypeError, KeyError, IndexError):
+        return 1
+
+
+def inline_body(kernel: Term, store: TermStore) -> Term:
+    """The kernel's computation as ordinary terms over its operands."""
+    done: dict[Term, Term] = {}
+    for t in kernel.attr("body").walk():
+        if t.op == "arg":
+            done[t] = kernel.args[t.attr("index")]
+        elif t.op == "const":
+            done[t] = t
+        else:
+            done[t] = store.make(t.op, [done[a] for a in t.args], t.attrs, meta=t.meta)
+    return done[kernel.attr("body")]
+
+
+def _substitute(graph: Graph, store: TermStore, repl: dict[Term, Term]) -> Graph:
+    """`graph` with each failed kernel replaced by its body over the new terms."""
+
+    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
+        if t not in repl:
+            return None
+        memo: dict[Term, Term] = {}
+        for u in repl[t].walk():
+            if u in new:
+                memo[u] = new[u]
+            elif u.args:
+                memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
+            else:
+                memo[u] = u
+        return memo[repl[t]]
+
+    return rebuild(graph, store, replace)

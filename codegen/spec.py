@@ -1,0 +1,84 @@
+"""What a generated kernel is, as its launcher needs it: `KernelSpec` and its inputs.
+
+Kept apart from the renderers (codegen/kernels.py and the modules beside it) and
+free of torch and the rule engine, so that a graph loaded from the graph cache
+(frontend/graph_cache.py), which only launches kernels, imports only this,
+codegen/launch.py and what they use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine.term import Term
+
+
+@dataclass
+class KInput:
+    name: str  # in0, in1, ...
+    dtype: str
+    flat: bool  # contiguous with the space's shape: offset is the linear index
+    per_row: bool  # row kernels: one value per row ([R..., 1])
+    rank: int  # the space's rank (strides are passed for every dim)
+    shared: bool = False  # row kernels: one row for every row (layer_norm's weight)
+
+
+@dataclass
+class KernelSpec:
+    name: str
+    kind: str  # pointwise | row | matmul | attention
+    rule: str
+    location: str
+    template: str
+    inputs: list[KInput]
+    body: list[Term]
+    root: Term
+    out_dtype: str
+    rank: int  # rank of the iteration space (row: rank of [R..., C])
+    replaced_ops: int
+    per_row_out: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+    # Set on the copy a launcher keeps for the graph cache (frontend/graph_cache.py),
+    # which drops the body: what `compute` found while the body was there.
+    compute_dtype: str | None = None
+
+    @property
+    def compute(self) -> str:
+        """The dtype kernel arithmetic runs in: f64 if anything is f64, else f32."""
+        if self.compute_dtype is not None:
+            return self.compute_dtype
+        dtypes = {t.meta.dtype for t in self.body if t.op != "const"}
+        return "f64" if "f64" in dtypes else "f32"
+
+    def for_launch(self) -> KernelSpec:
+        """This spec without its terms: what launching needs, and all a cache stores."""
+        return replace(self, body=[], root=None, compute_dtype=self.compute)  # type: ignore[arg-type]
+
+
+def block_pow2(n: int) -> int:
+    """A power-of-two block of at least n (and 16, tl.dot's least) values."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def static_width(spec: KernelSpec) -> int | None:
+    """A row kernel's row length when it is static; None when it is symbolic."""
+    cols = spec.meta["shape"][spec.meta["dim"]]
+    return cols if isinstance(cols, int) else None
+
+
+
+def stride_params(spec: KernelSpec) -> list[str]:
+    """A `reduction` kernel's stride arguments in launch order (codegen/reduction.py):
+    per input, the input space's (permuted) strides if the prologue reads it strided,
+    then the output's if the epilogue does."""
+    params = []
+    kept = len(spec.meta["kept"])
+    for i, inp in enumerate(spec.inputs):
+        phases = spec.meta["phases"][i]
+        if "in" in phases and not spec.meta["in_flat"][i]:
+            params += [f"{inp.name}_stride{k}" for k in range(spec.rank)]
+        if "out" in phases and not spec.meta["out_flat"][i]:
+            params += [f"{inp.name}_out_stride{k}" for k in range(kept)]
+    return params
