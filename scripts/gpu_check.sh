@@ -2,6 +2,9 @@
 # One call of the device tool (see benchmarks/README.md): install the carried wheels
 # (.whl/, e.g. lark, which the GPU machine lacks), run the GPU tests, then the benchmark.
 #   TESTS="tests/test_attention.py ..."  CASES=all|gpt2_block,mlp  PROBES=none|default|a,b
+# Before the call, on a machine that reaches PyPI (.whl/ is git-ignored, so a fresh
+# checkout has none; pass carry: [".whl"] to the device tool):
+#   pip download lark==1.3.1 --no-deps -d .whl
 set -u
 OUT=${OUT:-/tmp/rewritec-gpu}
 mkdir -p "$OUT"
@@ -16,6 +19,11 @@ export PYTHONPATH=/tmp/pkg:${PYTHONPATH:-}
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
   || echo "(no editable install: backend='rewritec' by name is unavailable)"
 export PYTHONUNBUFFERED=1
+# Without lark every graph falls back to ATen, and the run measures eager three times.
+if ! python3 -c "import lark" 2>/dev/null; then
+  echo "gpu_check: lark is not importable: put its wheel in .whl/ and carry .whl (see the top of this file)" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   python3 -m pytest -q -p no:logging $TESTS 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
