@@ -6,6 +6,7 @@ and `example_inputs` without calling torch.compile itself.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -22,7 +23,12 @@ class ExportedProgram:
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...],
                  opts: Options) -> None:
         ep = torch.export.export(model, tuple(example_inputs))
-        ep = ep.run_decompositions(decomposition_table())
+        with warnings.catch_warnings():
+            # torch 2.13's run_decompositions deep-copies its own LeafSpecs, which warns
+            # that LeafSpec is deprecated: nothing a user of rewritec can act on
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                    category=FutureWarning)
+            ep = ep.run_decompositions(decomposition_table())
         self.ep = ep
         gm = ep.graph_module
         state = dict(ep.state_dict)
