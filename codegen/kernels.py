@@ -507,6 +507,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         if not strided or spec.rank == 0:
             lines = [load(inp, k) for k, inp in enumerate(spec.inputs)]
             row_lines: list[str] = []
+            unit_stride, contiguous = "", []
         else:
             # Rows of the last dim: each strided input's offset is computed once per
             # row (integer division does not vectorize, and a loop with one keeps
@@ -514,14 +515,23 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             row_lines = [f"const int64_t {inp.name}_base = "
                          f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')};"
                          for inp in strided]
+            last = spec.rank - 1
+            # The loop comes twice: with `c * stride` along the row (gathers) and, when
+            # every strided input is contiguous along it (a broadcast bias), with plain
+            # vector loads: gelu(x + b) at 256x4096 on 2 cores 0.278 -> 0.224 ms.
+            unit_stride = " && ".join(f"{inp.name}_stride{last} == 1" for inp in strided)
+            contiguous = [f"const {ctype} x{k} = {inp.name}_ptr["
+                          + ("i" if inp.flat else f"{inp.name}_base + c") + "];"
+                          for k, inp in enumerate(spec.inputs)]
             lines = [f"const {ctype} x{k} = {inp.name}_ptr[" + (
-                "i" if inp.flat else f"{inp.name}_base + c * {inp.name}_stride{spec.rank - 1}")
+                "i" if inp.flat else f"{inp.name}_base + c * {inp.name}_stride{last}")
                 + "];" for k, inp in enumerate(spec.inputs)]
-        lines += [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
+        compute = [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
         return render_template(f"openmp/{spec.template}.cpp.j2",
                                header=_header(spec, "openmp", "//"), name=spec.name,
-                               params=params, body=lines, result=names[spec.root],
+                               params=params, body=lines + compute, result=names[spec.root],
                                rows=bool(row_lines), row_body=row_lines,
+                               unit_stride=unit_stride, unit_body=contiguous + compute,
                                simd_decls=vector_math_decls())
     # Row kernel: per-row values first (loads, then reductions in order, each a loop over
     # the row that recomputes only the element values it needs), then the output loop.

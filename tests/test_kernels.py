@@ -237,3 +237,23 @@ def test_layer_norm_weight_only(target: str, dtype: torch.dtype) -> None:
     assert fired["layer-norm-weight-only-half"] == (dtype == torch.bfloat16), fired
     left = sum((r.fallback_ops for r in report.RECORDS), Counter())
     assert set(left) <= {"to"}, left  # bf16 <-> f32 casts stay ATen calls, as for layer-norm-half
+
+
+@pytest.mark.skipif(cxx() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("second", ["bias", "sliced", "per_row", "transposed"])
+def test_openmp_rows_with_unit_and_other_strides(second: str) -> None:
+    """An OpenMP pointwise kernel over rows has a loop for inputs contiguous along the
+    row (plain vector loads) and one for any stride (a bias, a slice with step 2, a
+    value per row broadcast along it, a transposed matrix): both equal eager."""
+    x = torch.randn(13, 40)
+    y = {"bias": torch.randn(40), "sliced": torch.randn(13, 80)[:, ::2],
+         "per_row": torch.randn(13, 1).expand(13, 40),
+         "transposed": torch.randn(40, 13).t()}[second]
+
+    def f(x, y):
+        return torch.exp(x) * y - x
+
+    _check(f, "openmp", x, y)
+    [kernel] = [k for r in report.RECORDS for k in r.kernels]
+    with open(kernel["source"]) as src:
+        assert "_stride1 == 1) {  // contiguous along the row" in src.read()
