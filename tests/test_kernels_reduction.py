@@ -450,3 +450,40 @@ def test_reduces_innermost_reads_strides_then_shape() -> None:
     assert _reduces_innermost(reduction((8, 4), (), [1]))  # strides unknown: the last dim
     assert not _reduces_innermost(reduction((8, 4), (), [0]))
     assert not _reduces_innermost(reduction((8, 4), (4, 1), []))  # every dim: not a row
+
+
+# ------------------------------------------------------------------ OpenMP column loop
+def col_sum_bias(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x * y).sum(0) + y[0]  # a prologue and an epilogue
+
+
+def col_mean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x).mean(0) * 3.0
+
+
+def col_amax_nan(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.amax(x, dim=0) - 1.0
+
+
+def col_amin_3d(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.amin(x.reshape(x.shape[0], -1, 10), dim=0)  # two output dims
+
+
+@pytest.mark.skipif(cxx() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("fn", [col_sum_bias, col_mean, col_amax_nan, col_amin_3d],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("shape", [(37, 70), (5, 200), (300, 130)])
+def test_openmp_column_loop(fn, shape: tuple[int, int]) -> None:
+    """A reduction over dim 0 of a row-major matrix with 64 or more outputs reads it
+    row by row, a vector of outputs at a time (templates/openmp/reduction.cpp.j2);
+    outputs that do not fill the last block of 64, nan and inf, a prologue and an
+    epilogue, two output dims: all equal eager."""
+    x = torch.randn(shape)
+    x[1, 3], x[2, 5], x[0, 7] = float("nan"), float("inf"), float("-inf")
+    y = torch.randn(shape[1])
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target="openmp", strict=True)(x, y)
+    torch.testing.assert_close(got, fn(x, y), equal_nan=True, rtol=1e-5, atol=1e-5)
+    [kernel] = [k for r in report.RECORDS for k in r.kernels if k["template"].endswith("reduction")]
+    assert "a vector of outputs at a time" in Path(kernel["source"]).read_text()
