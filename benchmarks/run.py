@@ -707,6 +707,9 @@ def summary(results: Sequence[CaseResult]) -> dict[str, Any]:
           and r.speedup("rewritec")]
     return {
         "cases": len(ok),
+        # rows where a rewritec graph ran through ATen instead (a rewritec result, but
+        # all of them at once means a broken install, e.g. lark missing)
+        "fallback_cases": sum(1 for r in ok if r.backends["rewritec"].fallback),
         "rewritec_over_inductor": geomean([r.ratio() or 0.0 for r in ok]),
         "inductor_speedup": geomean([r.speedup("inductor") or 0.0 for r in ok]),
         "rewritec_speedup": geomean([r.speedup("rewritec") or 0.0 for r in ok]),
@@ -784,7 +787,9 @@ def markdown(results: Sequence[CaseResult], env: dict[str, Any], copy_gbps: floa
     lines += ["", (f"Geomean over {s['cases']} case(s) where all three ran and rewritec "
                    f"matched eager: rewritec/inductor {fmt_ratio(s['rewritec_over_inductor'])}, "
                    f"inductor speedup {fmt_x(s['inductor_speedup'])}, "
-                   f"rewritec speedup {fmt_x(s['rewritec_speedup'])}.")]
+                   f"rewritec speedup {fmt_x(s['rewritec_speedup'])}"
+                   + (f"; {s['fallback_cases']} of these case(s) ran a graph through ATen "
+                      f"(`ok (fallback)`)." if s["fallback_cases"] else "."))]
     lines += ["", "Shapes: " + "; ".join(f"`{r.name}` {r.shape}" for r in results if r.shape)]
     if notes:
         lines += ["", "Notes:", "", *(_cell(n) for n in notes)]
