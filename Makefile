@@ -29,8 +29,11 @@ bench-quick: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.run
 
+# ruff and mypy are tools, not dependencies: installed on first use
 lint: $(VENV)/.installed
+	test -x $(VENV)/bin/ruff || $(PY) -m pip install -q ruff mypy
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine codegen frontend compiler.py rulecheck.py
 
 clean:
 	rm -rf rewritec_out .pytest_cache

@@ -133,7 +133,7 @@ def build_example(rule: Rule, example: dict[str, Any], seed: int = 0,
     return Graph(tuple(inputs), (root,)), store, bridge, values
 
 
-def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+def _tolerance(dtype: torch.dtype) -> dict[str, Any]:
     if dtype in (torch.float16, torch.bfloat16):
         return {"rtol": 2e-2, "atol": 2e-2}
     if dtype == torch.float64:

@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [measure(n, 1 if args.quick else args.repeats) for n in sizes]
     text = (f"# rewritec rule engine\n\n- torch {torch.__version__}; forward + backward ATen "
             f"graphs of N GPT-2-small blocks; whole library with fast_math; median of "
-            f"{1 if args.quick else args.repeats}\n- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            f"{1 if args.quick else args.repeats}\n"
+            f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
             f"\n\n{table(rows)}\n")
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

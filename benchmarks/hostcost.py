@@ -68,7 +68,8 @@ def main() -> None:
     args = p.parse_args()
     device = torch.device(args.device)
     x = torch.randn(8, 128, device=device)
-    print(f"host time per call, us ({device.type}; {args.calls} calls, tensors of {x.numel()} values)")
+    print(f"host time per call, us ({device.type}; {args.calls} calls, "
+          f"tensors of {x.numel()} values)")
     print("| graph | eager | inductor | rewritec |\n|---|---:|---:|---:|")
     with torch.no_grad():
         for fn in (one_kernel, three_kernels):

@@ -42,8 +42,10 @@ def main() -> int:
             fn = rewritec.compile(layer, disable=disable)
             with torch.no_grad():
                 fn(x, w, b)
-                times.append(do_bench(lambda fn=fn: fn(x, w, b), warmup=25, rep=100))
-        print(f"| {m} x {k} -> {n} | {times[0]:.4f} | {times[1]:.4f} | {times[1] / times[0]:.2f} |")
+                times.append(do_bench(lambda fn=fn, x=x, w=w, b=b: fn(x, w, b),
+                                      warmup=25, rep=100))
+        print(f"| {m} x {k} -> {n} | {times[0]:.4f} | {times[1]:.4f} "
+              f"| {times[1] / times[0]:.2f} |")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Where the time goes: per-kernel profile of one benchmark case, per backend.
 
-    python -m benchmarks.profile --case gpt2_block [--device cuda] [--backends eager,inductor,rewritec]
+    python -m benchmarks.profile --case gpt2_block [--device cuda]
+                                 [--backends eager,inductor,rewritec]
 
 For each backend the case is compiled, warmed up, then run `--iters` times under
 `torch.profiler`; the table lists the device kernels (or CPU ops) by total time,

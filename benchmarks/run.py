@@ -244,7 +244,8 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     model = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(["lscpu"], check=False, capture_output=True, text=True,
+                             timeout=10).stdout
         for line in out.splitlines():
             if line.startswith("Model name:"):
                 model = line.split(":", 1)[1].strip()
@@ -313,8 +314,9 @@ class ForeignLoad:
         import resource
 
         hz = os.sysconf("SC_CLK_TCK")
-        own = sum(getattr(resource.getrusage(who), f) for who in
-                  (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+        own = sum(getattr(resource.getrusage(who), f)
+                  for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                  for f in ("ru_utime", "ru_stime"))
         return time.perf_counter(), busy / hz, own + ForeignLoad._live_children_ticks() / hz
 
     @staticmethod
@@ -899,7 +901,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.manual_seed(0)
         r = run_case(case, cfg, timer, limits)
         results.append(r)
-        print(f"  {r.label:24} eager {fmt_ms(r.eager_ms):>8}  inductor {fmt_ms(r.ms('inductor')):>8}"
+        print(f"  {r.label:24} eager {fmt_ms(r.eager_ms):>8}  "
+              f"inductor {fmt_ms(r.ms('inductor')):>8}"
               f"  rewritec {fmt_ms(r.ms('rewritec')):>8}  {r.status():18} "
               f"({time.perf_counter() - t0:.1f} s)", flush=True)
 

@@ -87,7 +87,8 @@ class _Captured:
 
 def _clones(outputs: Sequence[Any]) -> Any:
     """Fresh copies of the graph's outputs, in the wrapper's container type."""
-    return type(outputs)(o.clone() if isinstance(o, torch.Tensor) else o for o in outputs)
+    kind: Any = type(outputs)  # a list or a tuple
+    return kind(o.clone() if isinstance(o, torch.Tensor) else o for o in outputs)
 
 
 class CudaGraphRunner:

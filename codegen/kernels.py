@@ -255,7 +255,7 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
         return x
     info = table.get(t.op)
     fmt = getattr(info, target if target == "triton" else "cpp", None) if info else None
-    if fmt is None:
+    if info is None or fmt is None:
         raise RenderError(f"op {t.op} has no {target} expression in rules/ops.yaml")
     single = t.meta.dtype != "f64"
     values = {n: _operand(a, names, target, single) for n, a in
@@ -321,7 +321,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
             continue  # a layout, not a value: the launcher gives the output the root's strides
         if k in info.attrs and not isinstance(v, bool | int | float) and v is not None:
             return False
-        if k in info.attrs and v is None and ("{" + k + "}") in (info.triton or "") + (info.cpp or ""):
+        exprs = (info.triton or "") + (info.cpp or "")
+        if k in info.attrs and v is None and ("{" + k + "}") in exprs:
             return False
     for a in t.args:
         if a.op == "const":
@@ -329,7 +330,7 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
                 return False
         elif a.meta.kind != "tensor" or a.meta.dtype not in (t.meta.dtype, "b8"):
             return False
-        elif a.meta.dtype == "b8" and not (t.op in ("where", "masked_fill")):
+        elif a.meta.dtype == "b8" and t.op not in ("where", "masked_fill"):
             return False
     return on_device(t, target)
 
@@ -416,7 +417,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
         if tiled:
             off, mask = tile_offsets[inp.name], "mask"
         elif spec.kind == "pointwise":
-            off = "offs" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "offs"), "triton")
+            off = "offs" if inp.flat else print_index(
+                strided_offset(spec.rank, inp.name, "offs"), "triton")
             mask = "mask"
         elif inp.per_row:
             off = "row" if inp.flat else print_index(
@@ -535,7 +537,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
                                simd_decls=vector_math_decls())
     # Row kernel: per-row values first (loads, then reductions in order, each a loop over
     # the row that recomputes only the element values it needs), then the output loop.
-    row_lines: list[str] = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
+    row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
     done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
 
     def needed(target_terms: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
@@ -585,7 +587,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
                 update = [f"{acc} += {names[src]};"]
             else:
                 # std::max drops nan; torch.amax returns nan for a row that has one
-                row_lines.append(f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
+                row_lines.append(
+                    f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
                 row_lines.append(f"#pragma omp simd reduction({op}:{acc}) reduction(|:{acc}_nan)")
                 update = [f"{acc} = std::{op}({acc}, {names[src]});",
                           f"{acc}_nan |= ({names[src]} != {names[src]});"]

@@ -106,8 +106,8 @@ class TritonLauncher(Launcher):
         space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
         if out.numel() == 0:
             return out
-        tile = self.spec.meta.get("tile")
         if self.spec.template == "pointwise_tiled":
+            tile = int(self.spec.meta["tile"])
             # codegen/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
             tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
             grid = (out.numel() // (space[tile] * space[-1]) * tiles,)
@@ -328,7 +328,9 @@ def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
 # Inductor's allocation helper: torch.empty_strided without the Python argument
 # parser (~1 us against ~5), on the current CUDA device
 try:
-    from torch._C._dynamo.guards import _empty_strided_cuda as _EMPTY_STRIDED_CUDA
+    from torch._C._dynamo.guards import (  # type: ignore[attr-defined]
+        _empty_strided_cuda as _EMPTY_STRIDED_CUDA,
+    )
 except ImportError:  # pragma: no cover - another torch: the public call
     _EMPTY_STRIDED_CUDA = None
 

@@ -125,7 +125,8 @@ def _offsets(spec: KernelSpec, i: int, phase: str, o: str, r: str, target: str) 
             return o
         expr = linear_offset(o, kept, f"{inp.name}_out_stride")
     text = print_index(expr, target) if expr != 0 else "0"
-    if target == "triton" and sympy.Symbol(o, integer=True, nonnegative=True) not in expr.free_symbols:
+    index = sympy.Symbol(o, integer=True, nonnegative=True)
+    if target == "triton" and index not in expr.free_symbols:
         # the zero term gives the pointer the block's shape, as the mask has
         text = f"{text} + {o} * 0"
     return text
@@ -233,9 +234,11 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     for i, inp in enumerate(spec.inputs):
         phases = spec.meta["phases"][i]
         if "in" in phases:
-            loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_offsets(spec, i, 'in', 'o', 'r', 'cpp')}];")
+            off = _offsets(spec, i, "in", "o", "r", "cpp")
+            loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
         if "out" in phases:
-            epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_offsets(spec, i, 'out', 'o', '', 'cpp')}];")
+            off = _offsets(spec, i, "out", "o", "", "cpp")
+            epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
     body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                     for t in pro]
     init, clauses, update, finish = [], [], [], []

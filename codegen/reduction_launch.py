@@ -165,7 +165,9 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
     space = tuple(shape[k] for k in kept + list(dims))
     out_shape = [1 if k in dims else shape[k] for k in range(spec.rank)] if meta["keepdim"] \
         else [shape[k] for k in kept]
-    flags, strides, inner = [], [], None
+    flags: list[bool] = []
+    strides: list[int] = []
+    inner = None
     for i, x in enumerate(inputs):
         phases = meta["phases"][i]
         if inner is None and "in" in phases:

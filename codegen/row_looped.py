@@ -97,7 +97,8 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
         cast = f".to({compute})"
         if inp.per_row:
             return f"x{idx} = tl.load({inp.name}_ptr + {'row' if inp.flat else row}){cast}"
-        off = "row * n_cols + cols" if inp.flat else f"{row} + cols * {inp.name}_stride{spec.rank - 1}"
+        off = "row * n_cols + cols" if inp.flat else \
+            f"{row} + cols * {inp.name}_stride{spec.rank - 1}"
         # rows shared by every row (weights) stay in cache; a row's own values leave
         # it on their last read
         hint = (f", eviction_policy='{'evict_first' if last and not inp.shared else 'evict_last'}'"

@@ -322,5 +322,6 @@ def show(node: Node) -> str:
         return f"({show(node.value)} as {node.name})"
     if isinstance(node, Seq):
         inner = ", ".join(show(x) for x in node.items)
-        return f"[{inner}]" if node.kind == "list" else f"({inner}{',' if len(node.items) == 1 else ''})"
+        comma = "," if len(node.items) == 1 else ""
+        return f"[{inner}]" if node.kind == "list" else f"({inner}{comma})"
     return "?"

@@ -237,7 +237,8 @@ class Bridge:
         return fn(*_fill(args, vals), **_fill(kwargs, vals))
 
     # -- metadata ----------------------------------------------------------
-    def meta_hook(self, op: str, args: tuple[Term, ...], attrs: tuple[tuple[str, Any], ...]) -> Meta:
+    def meta_hook(self, op: str, args: tuple[Term, ...],
+                  attrs: tuple[tuple[str, Any], ...]) -> Meta:
         if op == "const":
             return meta_of(dict(attrs)["value"])
         probe = Term(op, args, attrs, Meta(), -1)

@@ -94,16 +94,16 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
 def _fx_base(node: torch.fx.Node) -> torch.fx.Node:
     """The node whose storage `node` shares: views and getitems followed back."""
     while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
-        target = node.target
+        source, target = node.args[0], node.target
         if target is operator.getitem:
-            node = node.args[0]
+            node = source
             continue
         if not isinstance(target, torch._ops.OpOverload):
             break
         returns = target._schema.returns
         if not returns or returns[0].alias_info is None:
             break
-        node = node.args[0]
+        node = source
     return node
 
 

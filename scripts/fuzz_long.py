@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 # Like the test suite: kernels build into a private cache, not ~/.cache/rewritec.
 os.environ.setdefault("REWRITEC_CACHE_DIR", tempfile.mkdtemp(prefix="rewritec-fuzz-cache-"))
 
-import fuzz_graphs as fg
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hseed
+import fuzz_graphs as fg  # noqa: E402 - after sys.path and the cache folder are set
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import seed as hseed  # noqa: E402
 
 
 def main() -> int:

@@ -863,7 +863,8 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
         elif form == "mat":
             pshape = (k, draw(st.sampled_from(SIZES)))
         else:
-            batch = draw(_partner_shape(shape[:-2])) if r > 2 else (draw(st.sampled_from(SIZES[:5])),)
+            batch = draw(_partner_shape(shape[:-2])) if r > 2 else \
+                (draw(st.sampled_from(SIZES[:5])),)
             pshape = batch + (k, draw(st.sampled_from(SIZES)))
         args = (ai, other(pshape, dtname))
     elif kind == "conv2d":
@@ -1066,7 +1067,7 @@ def _candidates(graph: Graph) -> list[Graph]:
                     stmts = list(graph.stmts)
                     stmts[i] = s._replace(**{field: simple})
                     out.append(graph._replace(stmts=tuple(stmts)))
-            for d, size in enumerate(s.shape):  # smaller sizes (all inputs with that size)
+            for size in s.shape:  # smaller sizes (all inputs with that size)
                 for smaller in (1, 2, 3):
                     if smaller < size:
                         out.append(_resize(graph, size, smaller))

@@ -205,7 +205,8 @@ def test_layout_change_runs_in_tiles(shape: tuple[int, ...], dtype: torch.dtype)
     convolution's output meeting a residual, the layout restored for the caller)
     runs in 2-d tiles (templates/triton/pointwise_tiled.py.j2), and equals eager."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    a = torch.randn(*shape, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    a = torch.randn(*shape, device=device, dtype=dtype).contiguous(
+        memory_format=torch.channels_last)
     b = torch.randn(*shape, device=device, dtype=dtype)
 
     def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

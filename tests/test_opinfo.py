@@ -37,7 +37,7 @@ from rewritec.compiler import RewritecWarning
 FALLBACK_WARNINGS = (RewritecWarning, KernelFallback)
 
 pytest.importorskip("expecttest")  # common_methods_invocations imports it
-from torch.testing._internal.common_methods_invocations import (
+from torch.testing._internal.common_methods_invocations import (  # noqa: E402 - after the skip
     binary_ufuncs,
     reduction_ops,
     unary_ufuncs,
