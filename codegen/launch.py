@@ -23,7 +23,9 @@ import torch
 
 from ..frontend.dtypes import TORCH_DTYPES
 from . import static_launch
+from .attention_launch import attention_launch
 from .build import build_cpp, load_triton, triton_module
+from .matmul_launch import matmul_launch_args
 from .spec import KernelSpec, block_pow2
 from .triton_direct import DirectKernel
 
@@ -131,15 +133,8 @@ class TritonLauncher(Launcher):
 class MatmulLauncher(Launcher):
     """A matrix product with its epilogue (codegen/matmul.py); Triton only."""
 
-    def __init__(self, spec: KernelSpec, kernel: Any,
-                 fallback: Callable[..., torch.Tensor]) -> None:
-        super().__init__(spec, kernel, fallback)
-        from .matmul import matmul_launch_args
-
-        self.launch_args = matmul_launch_args
-
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        args, out, tile = self.launch_args(self.spec, inputs)
+        args, out, tile = matmul_launch_args(self.spec, inputs)
         m, n = args[0], args[1]
         if out.numel() == 0 or args[2] == 0:
             return self.fallback(*inputs)  # empty products: nothing to tile
@@ -153,15 +148,8 @@ class MatmulLauncher(Launcher):
 class AttentionLauncher(Launcher):
     """softmax(q @ kt * scale, masked) @ v in one kernel (codegen/attention.py); Triton only."""
 
-    def __init__(self, spec: KernelSpec, kernel: Any,
-                 fallback: Callable[..., torch.Tensor]) -> None:
-        super().__init__(spec, kernel, fallback)
-        from .attention import attention_launch
-
-        self.attention_launch = attention_launch
-
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        out = self.attention_launch(self.spec, self.kernel, inputs)
+        out = attention_launch(self.spec, self.kernel, inputs)
         return self.fallback(*inputs) if out is None else out
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
-from typing import Any
 
 from ..engine.fuse import MATMULS, RESHAPES, body_terms
 from ..engine.ops import OpTable
@@ -23,31 +21,6 @@ from ..engine.term import Term
 from .kernels import (TRITON_DTYPES, KernelSpec, KInput, RenderError, _contiguous, _header,
                       _key, _names, print_index, strided_offset, value_expr)
 from .templates import render_template
-
-
-@dataclass(frozen=True)
-class Tile:
-    """Block sizes and launch shape of one matmul kernel."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 8
-
-
-def choose_tile(m: int, n: int, k: int, dtype: str) -> Tile:
-    """A fixed heuristic (no autotuning, so compiling stays fast): large tiles for
-    half precision on tensor cores, smaller ones for f32 (IEEE products, as eager
-    computes them) and for thin matrices."""
-    if dtype == "f32" or dtype == "f64":
-        return Tile(64, 64, 32, 4, 3)
-    if m >= 1024 and n >= 256:
-        return Tile(128, 256, 64, 8, 3)
-    if m >= 128 and n >= 128:
-        return Tile(128, 128, 64, 4, 4)
-    return Tile(64, 64, 64, 4, 3)
 
 
 def matmul_spec(term: Term, index: int) -> KernelSpec:
@@ -135,26 +108,3 @@ def render_matmul(spec: KernelSpec, table: OpTable) -> str:
                            a_ptr=f"{spec.inputs[meta['a']].name}_ptr",
                            b_ptr=f"{spec.inputs[meta['b']].name}_ptr", dot_args=dot_args,
                            operand_cast=operand_cast)
-
-
-def matmul_launch_args(spec: KernelSpec, inputs: tuple[Any, ...]) -> tuple[list[Any], Any, Tile]:
-    """Kernel arguments (after the input pointers and `out`), the output and the tile."""
-    import torch
-
-    from ..frontend.aten import TORCH_DTYPES
-
-    meta = spec.meta
-    a, b = inputs[meta["a"]], inputs[meta["b"]]
-    m, k = a.shape
-    n = b.shape[1]
-    shape = meta["shape"]
-    out = torch.empty(shape, dtype=TORCH_DTYPES[spec.out_dtype], device=a.device)
-    args: list[Any] = [m, n, k, *shape, a.stride(0), a.stride(1), b.stride(0), b.stride(1)]
-    if meta["bias"] is not None:
-        args += list(inputs[meta["bias"]].expand(m, n).stride())
-    else:
-        args += [0, 0]
-    for i in meta["epilogue"]:
-        if not spec.inputs[i].flat:
-            args += list(inputs[i].expand(shape).stride())
-    return args, out, choose_tile(m, n, k, meta["dtype"])
