@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,13 +79,10 @@ class CppLauncher(Launcher):
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
-        if out.numel() == 0:
+        g, out, tensors = _prepare(self.spec, inputs, self.out_dtype)
+        if g.numel == 0:
             return out
-        cols = space[-1] if space else 1
-        count = out.numel() if self.spec.kind == "pointwise" else (
-            _numel(space) // cols if cols else 0)
-        self.fn(*[t.data_ptr() for t in tensors], out.data_ptr(), *space, *strides, count, cols)
+        self.fn(*[t.data_ptr() for t in tensors], out.data_ptr(), *g.cpp_ints)
         return out
 
 
@@ -105,9 +102,10 @@ class TritonLauncher(Launcher):
             self.chunk = chunk
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        space, out, tensors, strides = _prepare(self.spec, inputs, self.out_dtype)
-        if out.numel() == 0:
+        g, out, tensors = _prepare(self.spec, inputs, self.out_dtype)
+        if g.numel == 0:
             return out
+        space, strides = g.space, g.strides
         if self.spec.template == "pointwise_tiled":
             tile = int(self.spec.meta["tile"])
             # codegen/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
@@ -245,6 +243,13 @@ class _Geometry:
     # Per input: None (passed as is), () (made contiguous), or a permutation to
     # read it flat in the space's order
     flat: tuple[tuple[int, ...] | None, ...]
+    numel: int  # the output's
+    # Every input passed as it is (those read flat already are laid out so): the
+    # common case, which skips the per-input work at each launch
+    direct: bool
+    # An OpenMP kernel's integer arguments: sizes, strides, the count of elements
+    # (pointwise) or rows, and the row length
+    cpp_ints: tuple[int, ...]
 
 
 def cached_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
@@ -300,8 +305,15 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     # flat inputs are read by linear index: laid out densely in the space's order
     flat = tuple((tuple(perm) if permuted else ()) if inp.flat else None
                  for inp in spec.inputs)
+    # sizes and strides are part of the cache key, so whether a flat input is already
+    # laid out so is known here, once
+    direct = all(f is None or (x.permute(f) if f else x).is_contiguous()
+                 for x, f in zip(inputs, flat, strict=True))
+    numel = _numel(out_size)
+    cols = space[-1] if space else 1
+    count = numel if spec.kind == "pointwise" else (_numel(space) // cols if cols else 0)
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), out_size,
-                     out_stride, flat)
+                     out_stride, flat, numel, direct, (*space, *strides, count, cols))
 
 
 def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -333,12 +345,15 @@ def empty_strided(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.d
 
 
 def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
-             ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor], tuple[int, ...]]:
-    """Run-time sizes of the space (a row kernel's reduced dim moved last), the
-    output, the inputs as passed, and their strides in the space's dim order."""
+             ) -> tuple[_Geometry, torch.Tensor, Sequence[torch.Tensor]]:
+    """The launch's geometry (the space's sizes, a row kernel's reduced dim moved
+    last, and the strided inputs' strides in its dim order), the output, and the
+    inputs as the kernel reads them."""
     g = _geometry(spec, inputs)
     device = inputs[0].device if inputs else torch.device("cpu")
     out = empty_strided(g.out_size, g.out_stride, out_dtype, device)
+    if g.direct:
+        return g, out, inputs
     tensors = []
     for x, flat in zip(inputs, g.flat, strict=True):
         if flat is None:
@@ -347,4 +362,4 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
             if flat:
                 x = x.permute(flat)
             tensors.append(x if x.is_contiguous() else x.contiguous())
-    return g.space, out, tensors, g.strides
+    return g, out, tensors
