@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,11 +135,14 @@ class _ReductionGeometry:
     n_out: int
     n_red: int
     inner: bool
+    # every input that is read flat is contiguous already (known from the sizes and
+    # strides that key the geometry): the inputs are passed as they are
+    direct: bool
 
 
 def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
                        out_dtype: torch.dtype
-                       ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor],
+                       ) -> tuple[tuple[int, ...], torch.Tensor, Sequence[torch.Tensor],
                                   tuple[int, ...], int, int, bool]:
     """Run-time sizes of the input space with the kept dims first and the reduced
     dims last, the output, the inputs as passed, their strides in launch order
@@ -151,7 +154,8 @@ def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     g = cached_geometry(spec, inputs, _reduction_geometry)
     device = inputs[0].device if inputs else torch.device("cpu")
     out = empty_strided(g.out_shape, g.out_stride, out_dtype, device)
-    tensors = [x.contiguous() if flat else x for x, flat in zip(inputs, g.flat, strict=True)]
+    tensors = inputs if g.direct else [x.contiguous() if flat else x
+                                       for x, flat in zip(inputs, g.flat, strict=True)]
     return g.space, out, tensors, g.strides, g.n_out, g.n_red, g.inner
 
 
@@ -181,7 +185,8 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
         if "out" in phases and not meta["out_flat"][i]:
             st = x.expand(out_shape).stride()
             strides.extend([st[k] for k in kept] if meta["keepdim"] else st)
+    direct = all(not f or x.is_contiguous() for x, f in zip(inputs, flags, strict=True))
     return _ReductionGeometry(space, tuple(out_shape), dense_strides(out_shape), tuple(flags),
                               tuple(strides),
                               _numel(tuple(shape[k] for k in kept)),
-                              _numel(tuple(shape[k] for k in dims)), inner is not False)
+                              _numel(tuple(shape[k] for k in dims)), inner is not False, direct)
