@@ -20,7 +20,8 @@ import os
 from typing import Any
 
 from ..engine.term import Term
-from .kernels import TRITON_DTYPES, KernelSpec, KInput, RenderError, _header
+from .kernels import TRITON_DTYPES, RenderError, _header
+from .spec import KernelSpec, KInput
 from .templates import render_template
 
 

@@ -26,7 +26,7 @@ from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms,
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .build import vector_math_decls
-from .spec import KernelSpec, KInput, block_pow2, static_width  # noqa: F401 - their home was here
+from .spec import KernelSpec, KInput, static_width
 from .templates import has_template, render_template
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",

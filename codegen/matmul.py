@@ -18,8 +18,9 @@ import os
 from ..engine.fuse import MATMULS, RESHAPES, body_terms
 from ..engine.ops import OpTable
 from ..engine.term import Term
-from .kernels import (TRITON_DTYPES, KernelSpec, KInput, RenderError, _contiguous, _header,
-                      _key, _names, print_index, strided_offset, value_expr)
+from .kernels import (TRITON_DTYPES, RenderError, _contiguous, _header, _key, _names,
+                      print_index, strided_offset, value_expr)
+from .spec import KernelSpec, KInput
 from .templates import render_template
 
 

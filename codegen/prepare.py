@@ -20,10 +20,11 @@ from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import Bridge
 from .attention import attention_spec, render_attention
 from .build import BuildError
-from .kernels import KernelSpec, RenderError, render, spec_of
+from .kernels import RenderError, render, spec_of
 from .launch import KernelFallback, KernelRecipe, launcher_class
 from .reduction import reduction_spec, render_reduction
 from .row_looped import looped, render_row_looped
+from .spec import KernelSpec
 
 
 @dataclass

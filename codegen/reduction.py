@@ -32,8 +32,6 @@ from .build import vector_math_decls
 from .kernels import (
     CPP_DTYPES,
     TRITON_DTYPES,
-    KernelSpec,
-    KInput,
     _contiguous,
     _header,
     _key,
@@ -41,7 +39,7 @@ from .kernels import (
     print_index,
     value_expr,
 )
-from .spec import stride_params
+from .spec import KernelSpec, KInput, stride_params
 from .templates import render_template
 
 # OpenMP: below this many elements, an output's reduction is not worth a

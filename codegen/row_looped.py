@@ -19,18 +19,16 @@ from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .kernels import (
     TRITON_DTYPES,
-    KernelSpec,
-    KInput,
     _header,
     _names,
     _per_row,
     print_index,
     row_width_param,
-    static_width,
     strided_offset,
     value_expr,
 )
 from .reduction import FILL, triton_accumulate, triton_finish
+from .spec import KernelSpec, KInput, static_width
 from .templates import render_template
 
 # Widest row (static columns) the persistent template takes. Wider rows loop.
