@@ -522,12 +522,15 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             # every strided input is contiguous along it (a broadcast bias), with plain
             # vector loads: gelu(x + b) at 256x4096 on 2 cores 0.278 -> 0.224 ms.
             unit_stride = " && ".join(f"{inp.name}_stride{last} == 1" for inp in strided)
-            contiguous = [f"const {ctype} x{k} = {inp.name}_ptr["
-                          + ("i" if inp.flat else f"{inp.name}_base + c") + "];"
-                          for k, inp in enumerate(spec.inputs)]
-            lines = [f"const {ctype} x{k} = {inp.name}_ptr[" + (
-                "i" if inp.flat else f"{inp.name}_base + c * {inp.name}_stride{last}")
-                + "];" for k, inp in enumerate(spec.inputs)]
+
+            def row_loads(step: str) -> list[str]:
+                """Loads at column c, `step` (with {name}) apart in strided inputs."""
+                return [f"const {ctype} x{k} = {inp.name}_ptr[" + (
+                    "i" if inp.flat else f"{inp.name}_base + " + step.format(name=inp.name))
+                    + "];" for k, inp in enumerate(spec.inputs)]
+
+            contiguous = row_loads("c")
+            lines = row_loads(f"c * {{name}}_stride{last}")
         compute = [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
         return render_template(f"openmp/{spec.template}.cpp.j2",
                                header=_header(spec, "openmp", "//"), name=spec.name,

@@ -116,8 +116,7 @@ def _offsets(spec: KernelSpec, i: int, phase: str, o: str, r: str, target: str) 
     if phase == "in":
         if spec.meta["in_flat"][i]:
             return f"{o} * n_red + {r}"
-        expr = linear_offset(o, kept, f"{inp.name}_stride") + linear_offset(
-            r, list(range(len(kept), spec.rank)), f"{inp.name}_stride")
+        expr = _strided_in(spec, i, o, r)
     else:
         if spec.meta["out_flat"][i]:
             return o
@@ -302,13 +301,18 @@ def _cpp_columns(spec: KernelSpec, ctype: str, accs: list[tuple[str, str, str]]
             "keep": [f"{n}_v[o - o0] = {n};" for _, n, _ in accs]}
 
 
+def _strided_in(spec: KernelSpec, i: int, o: str, r: str) -> sympy.Expr:
+    """Where the prologue reads strided input i: output index `o` over the kept dims
+    (first in the space) plus reduction index `r` over the reduced ones."""
+    name, kept = spec.inputs[i].name, len(spec.meta["kept"])
+    return linear_offset(o, list(range(kept)), f"{name}_stride") + linear_offset(
+        r, list(range(kept, spec.rank)), f"{name}_stride")
+
+
 def _unit_offset(spec: KernelSpec, i: int) -> str:
     """_offsets(spec, i, "in", "o", "r") with the innermost output dim's stride 1: plain
     vector loads along the outputs where the template checked that it is."""
-    inp = spec.inputs[i]
-    kept = list(range(len(spec.meta["kept"])))
-    expr = linear_offset("o", kept, f"{inp.name}_stride") + linear_offset(
-        "r", list(range(len(kept), spec.rank)), f"{inp.name}_stride")
-    expr = expr.subs(sympy.Symbol(f"{inp.name}_stride{kept[-1]}", integer=True), 1)
-    return print_index(expr, "cpp")
+    last = len(spec.meta["kept"]) - 1
+    stride = sympy.Symbol(f"{spec.inputs[i].name}_stride{last}", integer=True)
+    return print_index(_strided_in(spec, i, "o", "r").subs(stride, 1), "cpp")
 
