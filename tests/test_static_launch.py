@@ -186,16 +186,53 @@ def test_a_lazy_kernel_is_not_loaded_when_its_binary_is_stored() -> None:
     assert loads == [1] and log[-1][0] == "jit" and later.jitted == 1
 
 
+
+def test_a_new_call_is_compiled_ahead_and_launched_statically_from_its_first_call() -> None:
+    """The first call of a signature compiles without launching (Triton's `warmup`,
+    which builds no launcher module), stores the binary and launches it statically;
+    where nothing can be stored the JIT launches as before."""
+    from test_triton_direct import PARAMS, FakeJit
+
+    class WarmJit(FakeJit):
+        def warmup(self, *args: Any, grid: Any, **kwargs: Any) -> Any:
+            self.log.append(("warmup", grid, args, kwargs))
+            return self.compiled
+
+    log: list[Any] = []
+    binaries = Binaries()
+    binaries.log = log  # type: ignore[attr-defined]
+    k = DirectKernel(WarmJit(log), PARAMS, device=lambda: 0, binaries=binaries)
+    x = torch.ones(8)
+    k[(2,)](x, x, 8, BLOCK=4)
+    k[(2,)](x, x, 8, BLOCK=4)
+    assert [e[0] for e in log] == ["warmup", "stored", "stored"]
+    assert log[0][1:] == ((2,), (x, x, 8), {"BLOCK": 4})
+    assert (k.ahead, k.jitted, k.stored, k.direct) == (1, 0, 0, 2)
+
+    class Refusing(Binaries):  # e.g. a binary that needs what the static launcher lacks
+        def keep(self, call: Any, device: int, compiled: Any, n_args: int) -> None:
+            pass
+
+    log.clear()
+    refusing = Refusing()
+    refusing.log = log  # type: ignore[attr-defined]
+    k = DirectKernel(WarmJit(log), PARAMS, device=lambda: 0, binaries=refusing)
+    k[(2,)](x, x, 8, BLOCK=4)
+    k[(2,)](x, x, 8, BLOCK=4)
+    assert [e[0] for e in log] == ["warmup", "jit", "direct"] and k.ahead == 0
+
 GPU_SCRIPT = """
 import sys, torch
 from rewritec import report
 from rewritec.codegen import triton_direct
-jitted = []
-real = triton_direct.DirectKernel._jit
-def counted(self, *a):
-    jitted.append(1)
-    return real(self, *a)
-triton_direct.DirectKernel._jit = counted
+jitted = []  # compiles: JIT launches and binaries compiled ahead of their launch
+def counting(real):
+    def counted(self, *a):
+        jitted.append(1)
+        return real(self, *a)
+    return counted
+for name in ("_jit", "_compile_ahead"):
+    setattr(triton_direct.DirectKernel, name, counting(getattr(triton_direct.DirectKernel, name)))
 torch.manual_seed(0)
 d = "cuda"
 x, w = torch.randn(64, 1000, device=d), torch.randn(1000, device=d)
