@@ -94,14 +94,13 @@ def _fingerprint() -> str:
     settings, read without importing Triton."""
     import importlib.util
 
-    from .triton_startup import installed_files
+    from .triton_startup import installed_fingerprint
 
     spec = importlib.util.find_spec("triton")
     h = hashlib.sha256(torch.__version__.encode())
     if spec is not None and spec.submodule_search_locations:
-        for f in installed_files(Path(next(iter(spec.submodule_search_locations)))):
-            st = f.stat()
-            h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        root = Path(next(iter(spec.submodule_search_locations)))
+        h.update(installed_fingerprint(root, "").encode())
     for name in sorted(os.environ):
         if name.startswith("TRITON_") and not name.endswith(("_DIR", "_HOME")):
             h.update(f"{name}={os.environ[name]}\n".encode())

@@ -2,67 +2,50 @@
 
 The first Triton kernel a process launches pays for Triton's own start-up:
 importing it, building (fresh cache) or loading its CUDA driver module, and
-hashing its installed libraries into the key of its kernel cache (`triton_key`;
-0.4 s on the H200 host, cold or warm; rewritec keeps the key, see `_stored_key`).
-None of it depends on the graph. So the
-backend calls `start()` as soon as it receives a graph with CUDA inputs, and
-the work runs while AOTAutograd traces and the rules rewrite; most of it holds
-no GIL (hashing large buffers, reading files, waiting on the C compiler).
-`wait()`, called before the first Triton kernel is loaded, joins the thread, so
-the two never race. A failure here is ignored: the kernel build that follows
-meets the same problem and reports it (or falls back to ATen) itself.
+the key of its kernel cache (`triton_key`), a hash of its installed files,
+libtriton's half gigabyte included: 0.35 s on an H200 host, 1.15 s on an H100
+host with a cold page cache, in every process. rewritec keys Triton's cache by
+a fingerprint of the same files instead (`installed_fingerprint`: their paths,
+sizes and modification times, a few milliseconds), so any change to an
+installed Triton file still changes the key. None of this depends on the graph.
+So the backend calls `start()` as soon as it receives a graph with CUDA
+inputs, and the work runs while AOTAutograd traces and the rules rewrite; most
+of it holds no GIL (reading files, waiting on the C compiler). `wait()`,
+called before the first Triton kernel is loaded, joins the thread, so the two
+never race. A failure here is ignored: the kernel build that follows meets the
+same problem and reports it (or falls back to ATen) itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
-import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 
 
 def _start_up() -> None:
-    import triton  # noqa: F401
+    import triton
     from triton.runtime import cache, driver
 
-    driver.active.get_current_target()
-    key = getattr(cache, "triton_key", None)  # where triton 3.x keeps it
-    if key is not None:
-        value = _stored_key(cache.__file__, key)
+    if hasattr(cache, "triton_key"):  # where triton 3.x keeps it
+        root = Path(cache.__file__).resolve().parents[1]  # triton/runtime/cache.py -> triton/
+        value = f"rewritec-{installed_fingerprint(root, triton.__version__)}"
         # Triton's own process pools hand their workers the key the same way.
         cache.triton_key = lambda: value
+    driver.active.get_current_target()
 
 
-def _stored_key(cache_file: str, compute: Callable[[], Any]) -> str:
-    """`triton_key()`, kept in rewritec's cache under a fingerprint of the files it
-    hashes (their paths, sizes and modification times): reading the fingerprint
-    takes a few milliseconds where hashing libtriton takes 0.35 s. Any change to an
-    installed Triton file changes the fingerprint, and the key is hashed anew."""
-    from .build import cache_dir
-
-    root = Path(cache_file).resolve().parents[1]  # triton/runtime/cache.py -> triton/
-    h = hashlib.sha256(getattr(sys.modules.get("triton"), "__version__", "").encode())
+def installed_fingerprint(root: Path, version: str) -> str:
+    """A hash of the Triton installed at `root`: its version and the path, size and
+    modification time of each file `installed_files` names."""
+    h = hashlib.sha256(version.encode())
     for f in installed_files(root):
         st = f.stat()
         h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    path = cache_dir() / f"triton_key-{h.hexdigest()[:32]}"
-    try:
-        return path.read_text()
-    except OSError:
-        pass
-    value = str(compute())
-    fd, tmp = tempfile.mkstemp(prefix=".triton_key.", dir=path.parent)
-    with os.fdopen(fd, "w") as out:
-        out.write(value)
-    os.replace(tmp, path)
-    return value
+    return h.hexdigest()
 
 
 def installed_files(root: Path) -> list[Path]:

@@ -65,26 +65,35 @@ def test_cuda_graphs_start_it_and_kernels_run(fresh) -> None:
     assert triton_startup._thread is not None and not triton_startup._thread.is_alive()
 
 
-def test_triton_key_is_kept_until_a_triton_file_changes(tmp_path, monkeypatch) -> None:
-    """`_stored_key` hashes Triton's files once; the stored key is used until a file's
-    size or modification time changes."""
-    monkeypatch.setenv("REWRITEC_CACHE_DIR", str(tmp_path / "cache"))
+def test_triton_key_is_a_fingerprint_that_changes_with_any_triton_file(tmp_path) -> None:
+    """Triton's cache is keyed by the installed files' paths, sizes and modification
+    times: an edited or an added file gives another key, as Triton's own hash would."""
+    import os
+
     tree = tmp_path / "triton"
     for rel in ("runtime/cache.py", "_C/libtriton.so", "compiler/code_gen.py",
                 "language/core.py", "backends/nvidia/driver.py"):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(rel)
-    calls = []
-
-    def compute() -> str:
-        calls.append(1)
-        return f"key{len(calls)}"
-
-    cache_file = str(tree / "runtime" / "cache.py")
-    assert triton_startup._stored_key(cache_file, compute) == "key1"
-    assert triton_startup._stored_key(cache_file, compute) == "key1"
-    assert len(calls) == 1
+    seen = [triton_startup.installed_fingerprint(tree, "3.6.0")]
+    assert triton_startup.installed_fingerprint(tree, "3.6.0") == seen[0]
+    assert triton_startup.installed_fingerprint(tree, "3.6.1") != seen[0]
     (tree / "language" / "core.py").write_text("edited, longer than before")
-    assert triton_startup._stored_key(cache_file, compute) == "key2"
+    seen.append(triton_startup.installed_fingerprint(tree, "3.6.0"))
+    lib = tree / "_C" / "libtriton.so"
+    os.utime(lib, ns=(lib.stat().st_atime_ns, lib.stat().st_mtime_ns + 1))  # same size
+    seen.append(triton_startup.installed_fingerprint(tree, "3.6.0"))
     (tree / "compiler" / "new_pass.py").write_text("a new module")
-    assert triton_startup._stored_key(cache_file, compute) == "key3"
+    seen.append(triton_startup.installed_fingerprint(tree, "3.6.0"))
+    assert len(set(seen)) == 4
+
+
+def test_the_start_up_keys_tritons_cache_by_the_fingerprint(fresh, monkeypatch) -> None:
+    from triton.runtime import cache
+
+    monkeypatch.setattr(cache, "triton_key", cache.triton_key)  # restored afterwards
+    try:
+        triton_startup._start_up()
+    except Exception:  # noqa: BLE001 - no GPU driver here: the key is set before it
+        pass
+    assert cache.triton_key().startswith("rewritec-") and len(cache.triton_key()) == 73
