@@ -24,6 +24,9 @@ if ! python3 -c "import lark" 2>/dev/null; then
   echo "gpu_check: lark is not importable: put its wheel in .whl/ and carry .whl (see the top of this file)" >&2
   exit 2
 fi
+# Byte-compile everything as an installation would, so that a cold compile does not
+# also measure Python compiling rewritec's and lark's sources (the checkout arrives bare).
+python3 -m compileall -q -j 0 . /tmp/site >/dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   python3 -m pytest -q -p no:logging $TESTS 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
