@@ -23,9 +23,9 @@ from .run import check_close, compile_with
 
 @contextmanager
 def patched(changes: dict[str, Any]) -> Iterator[None]:
-    from rewritec.codegen import launch, row_looped
+    from rewritec.codegen import launch, row_looped, spec
 
-    modules = {"launch": launch, "row_looped": row_looped}
+    modules = {"launch": launch, "row_looped": row_looped, "spec": spec}
     saved = []
     for key, value in changes.items():
         mod, _, attr = key.partition(".")
@@ -59,7 +59,7 @@ for _chunk, _w in ((2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16), (81
                    (16384, 32), (32768, 32)):
     VARIANTS[f"looped {_chunk}/{_w}"] = {
         "row_looped.PERSISTENT_ROW_MAX_COLS": 1024,
-        "row_looped.STATIC_LOOPED_BLOCK_C": _chunk, "launch.row_warps": _warps(_w)}
+        "spec.STATIC_LOOPED_BLOCK_C": _chunk, "launch.row_warps": _warps(_w)}
 
 def main() -> None:
     import triton.testing

@@ -26,7 +26,7 @@ from . import static_launch
 from .attention_launch import attention_launch
 from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
-from .spec import KernelSpec, block_pow2
+from .spec import KernelSpec, block_pow2, chunk
 from .triton_direct import DirectKernel
 
 
@@ -97,8 +97,6 @@ class TritonLauncher(Launcher):
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
         self.chunk: Callable[[KernelSpec, int], int] | None = None
         if spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
-            from .row_looped import chunk
-
             self.chunk = chunk
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:

@@ -42,13 +42,6 @@ from .templates import render_template
 #   0.0677, softmax 0.0686 / 0.0697 / 0.0850;
 #   32768 rows of 1K: equal within 1%. 2K is unmeasured.
 PERSISTENT_ROW_MAX_COLS = 2048
-# Columns per chunk of the looped template when the width is static: the whole
-# row up to 32K (32 values a thread at 32 warps), so a 32K row is one chunk.
-STATIC_LOOPED_BLOCK_C = 32768
-# ... and when it is symbolic, where the loop's trip count is unknown: 8 values a
-# thread at 32 warps. On an H100 (1024 rows of 32K f32, run-time width) a layer_norm
-# ran 0.157 / 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
-LOOPED_BLOCK_C = 8192
 # Cache hints: the passes before the last read the row to keep it in L2
 # (evict_last), the last pass reads it for the last time (evict_first); a row that
 # every row shares (layer_norm's weight and bias) is always evict_last.
@@ -63,12 +56,6 @@ def looped(spec: KernelSpec) -> bool:
     width is symbolic (one kernel serves every width, so plan for wide ones)."""
     cols = static_width(spec)
     return cols is None or cols > PERSISTENT_ROW_MAX_COLS
-
-
-def chunk(spec: KernelSpec, block: int) -> int:
-    """BLOCK_C of a looped kernel whose row fits a power-of-two block of `block`."""
-    static = static_width(spec) is not None
-    return min(block, STATIC_LOOPED_BLOCK_C if static else LOOPED_BLOCK_C)
 
 
 def _variance_of(t: Term) -> Term | None:

@@ -14,7 +14,8 @@ import rewritec
 import torch
 import torch.nn.functional as F
 from rewritec import report
-from rewritec.codegen import row_looped
+from rewritec.codegen import launch, row_looped
+from rewritec.codegen import spec as spec_mod
 from rewritec.codegen.build import cxx
 from rewritec.codegen.reduction_launch import ReductionTritonLauncher
 from test_kernels import (
@@ -291,8 +292,8 @@ def test_split_reduction_epilogue_and_nan(splits: list[int]) -> None:
 def narrow_rows_loop(monkeypatch) -> None:
     """Rows past 64 columns loop, in chunks of 64: wide rows for the interpreter."""
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
-    monkeypatch.setattr(row_looped, "LOOPED_BLOCK_C", 64)
-    monkeypatch.setattr(row_looped, "STATIC_LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(spec_mod, "LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 64)
 
 
 ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]
@@ -370,13 +371,13 @@ def test_wide_row_threshold(extra: int, template: str) -> None:
 @pytest.mark.parametrize("cols, blocks", [(100, (128, 64)), (300, (512, 64))])
 def test_looped_chunk_static_and_symbolic(monkeypatch, cols: int, blocks: tuple) -> None:
     """A static width loops over chunks of up to STATIC_LOOPED_BLOCK_C, a symbolic
-    one over LOOPED_BLOCK_C (codegen/row_looped.py: chunk)."""
+    one over LOOPED_BLOCK_C (codegen/spec.py: chunk)."""
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
-    monkeypatch.setattr(row_looped, "STATIC_LOOPED_BLOCK_C", 512)
-    monkeypatch.setattr(row_looped, "LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 512)
+    monkeypatch.setattr(spec_mod, "LOOPED_BLOCK_C", 64)
     seen = []
-    real = row_looped.chunk
-    monkeypatch.setattr(row_looped, "chunk", lambda spec, block: seen.append(real(spec, block))
+    real = spec_mod.chunk
+    monkeypatch.setattr(launch, "chunk", lambda spec, block: seen.append(real(spec, block))
                         or seen[-1])
     x, w = torch.randn(3, cols), torch.randn(cols)
     _run(rms_norm, "triton", x, w, template="row_looped")
