@@ -41,12 +41,17 @@ SLOTS = 2
 # fp16 GPT-2 block (about 30 launches) ran 0.64 ms replayed against 0.72 ms, while
 # one-kernel graphs (a 8192x4096 layer_norm) ran 0.125 ms replayed against 0.072:
 # the input copy and output clone cost more than one launch. (Choosing by timing
-# both at capture proved unreliable: it picked replay for those.)
+# both at capture proved unreliable: it picked replay for those.) Since replays
+# copy nothing in a steady loop, such graphs time the same either way (H100,
+# do_bench: layer_norm_4k 0.102 ms plainly, 0.103 replayed; softmax_1k 0.0945 and
+# 0.0942), so replaying them would only hold a second copy of their memory.
 AUTO_MIN_LAUNCHES = 12
 # Graphs without matrix products wait on Python from 3 launches: conv+bn+relu (a
 # copy kernel, the conv, the epilogue) ran 0.101 ms replayed against 0.112, the
 # ResNet block (5 launches) 0.167 against 0.217 (H200). With products the GPU is
 # busy long enough: the fp16 MLP (cuBLAS, gelu, cuBLAS) lost, 0.257 against 0.241.
+# Without the copies (H100): conv+bn+relu 0.084 ms replayed against 0.104 plainly
+# (Inductor 0.088-0.157), the ResNet block 0.160 against 0.190 (Inductor 0.202-0.206).
 AUTO_MIN_LAUNCHES_NO_MATMUL = 3
 MATMUL_OPS = ("mm", "addmm", "bmm")
 MATMUL_TEMPLATES = ("triton/matmul", "triton/attention")
