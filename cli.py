@@ -100,7 +100,10 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
             return lambda m: compile_model(m, **kw, **options)
         return compile_model(model, **kw, **options)
 
+    from .options import PROCESS_DEFAULTS
+
     torch.compile = routed  # type: ignore[assignment]
+    PROCESS_DEFAULTS.update(options)  # for rewritec.compile and backend="rewritec" calls
     sys.path.insert(0, str(path.resolve().parent))
     try:
         return runpy.run_path(str(path), run_name="__main__"), 0
@@ -120,6 +123,7 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
         return None, 1
     finally:
         torch.compile = real_compile  # type: ignore[assignment]
+        PROCESS_DEFAULTS.clear()
         sys.path.remove(str(path.resolve().parent))
 
 

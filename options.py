@@ -36,6 +36,13 @@ if os.environ.get("REWRITEC_STATS", "") not in ("", "0"):
     atexit.register(_print_stats_at_exit)
 
 
+# Options every compilation in the process starts from, under those it is given:
+# `rewritec compile` puts its command line here while the script runs, so that
+# rewritec.compile(...) and torch.compile(..., backend="rewritec") calls in the
+# script honour --out, --rules, --strict and the rest too.
+PROCESS_DEFAULTS: dict[str, Any] = {}
+
+
 @dataclass(frozen=True)
 class Options:
     # Where kernels run: "cpu", "cuda", or None to follow the inputs.
@@ -66,8 +73,8 @@ class Options:
     # layout copies around them cost (on the CPU, always), keep elsewhere.
     conv_layout: str = "auto"
     # Replay inference graphs on CUDA as one CUDA graph (codegen/cudagraphs.py): on,
-    # off, or auto: graphs of at least AUTO_MIN_LAUNCHES launches, where Python's
-    # launch cost outweighs the graph's input copies and output clones.
+    # off, or auto: graphs of at least AUTO_MIN_LAUNCHES launches (fewer without
+    # matrix products), where Python's launch cost outweighs a replay's.
     cudagraphs: str = "auto"
     # Keep compiled inference graphs in $REWRITEC_CACHE_DIR/graphs and reuse them when
     # the same TorchDynamo graph comes again, skipping AOTAutograd, the rules and code
@@ -76,7 +83,8 @@ class Options:
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
-        given = dict(options or {})
+        given = dict(PROCESS_DEFAULTS)
+        given.update(options or {})
         given.update(kw)
         known = {f.name for f in fields(cls)}
         unknown = set(given) - known

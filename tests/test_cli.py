@@ -183,6 +183,38 @@ def test_run_script_routes_torch_compile(tmp_path: Path, kwargs: str) -> None:
     assert all(r.status == "compiled" for r in report.RECORDS)
 
 
+
+API_SCRIPT = """
+import torch
+import rewritec
+x = torch.randn(4, 3)
+by_api = rewritec.compile(lambda x: torch.cos(x) + 1)
+by_name = torch.compile(lambda x: torch.exp(x) * 3, backend="rewritec")
+results = (by_api(x), by_name(x))
+expected = (torch.cos(x) + 1, torch.exp(x) * 3)
+"""
+
+
+def test_run_script_options_reach_rewritec_compile_and_the_named_backend(tmp_path: Path
+                                                                         ) -> None:
+    """A script calling rewritec.compile or torch.compile(backend="rewritec") itself
+    still gets the command line's options: its graphs are written to --out."""
+    import torch
+    from rewritec import report
+    from rewritec.cli import run_script
+    from rewritec.options import PROCESS_DEFAULTS
+
+    script = tmp_path / "api_script.py"
+    script.write_text(API_SCRIPT)
+    out = tmp_path / "out"
+    report.reset()
+    scope, code = run_script(str(script), {"out_dir": str(out), "strict": True})
+    assert code == 0 and scope is not None and not PROCESS_DEFAULTS
+    for got, want in zip(scope["results"], scope["expected"], strict=True):
+        torch.testing.assert_close(got, want)
+    assert len(report.RECORDS) == 2 and all(r.status == "compiled" for r in report.RECORDS)
+    assert len(list(out.glob("*.final.txt"))) == 2
+
 def _readme_rule() -> str:
     """The rule file of the README's 'Add your first rule' walkthrough, as printed."""
     text = (REPO_ROOT / "README.md").read_text()
