@@ -34,3 +34,25 @@ def test_rule_proof_or_numeric_check(rule):
 
     problems, notes = rule_report(rule)
     assert not problems, f"{rule.location} [{rule.name}]: {problems}"
+
+
+def test_pythagoras_fires_without_fast_math_and_keeps_eager_nan():
+    """sin(x)**2 + cos(x)**2 inside a larger expression is rewritten by default: the
+    replacement 1 + (x - x) is nan exactly where the sines are (inf, nan)."""
+    import torch
+
+    import rewritec
+    from rewritec import report
+
+    def f(x, y):
+        return torch.relu(x * 0.5 + (torch.sin(x) ** 2 + torch.cos(x) ** 2) * y) - y
+
+    x = torch.tensor([0.0, 1.5, -3.0, 1e30, float("inf"), float("-inf"), float("nan")])
+    y = torch.linspace(-1, 1, 7)
+    torch._dynamo.reset()
+    start = len(report.RECORDS)
+    with torch.no_grad():
+        got = rewritec.compile(f, strict=True)(x, y)
+    assert sum(r.rules_fired.get("sin-cos-pythagoras", 0) for r in report.RECORDS[start:]) == 1
+    torch.testing.assert_close(got, f(x, y), equal_nan=True)
+    assert got[4:].isnan().all() and not got[:4].isnan().any()
