@@ -323,19 +323,24 @@ def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-# Inductor's allocation helper: torch.empty_strided without the Python argument
-# parser (~1 us against ~5), on the current CUDA device
+# Inductor's allocation helpers: torch.empty_strided without the Python argument
+# parser (~1 us against ~5 on the current CUDA device; 0.4 against 1.0 on the CPU)
 try:
+    from torch._C._dynamo.guards import (  # type: ignore[attr-defined]
+        _empty_strided_cpu as _EMPTY_STRIDED_CPU,
+    )
     from torch._C._dynamo.guards import (  # type: ignore[attr-defined]
         _empty_strided_cuda as _EMPTY_STRIDED_CUDA,
     )
 except ImportError:  # pragma: no cover - another torch: the public call
-    _EMPTY_STRIDED_CUDA = None
+    _EMPTY_STRIDED_CPU = _EMPTY_STRIDED_CUDA = None
 
 
 def empty_strided(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """A launch's output or scratch buffer."""
+    if device.type == "cpu" and _EMPTY_STRIDED_CPU is not None:
+        return _EMPTY_STRIDED_CPU(size, stride, dtype)
     if (device.type == "cuda" and _EMPTY_STRIDED_CUDA is not None
             and device.index == torch._C._cuda_getDevice()):
         return _EMPTY_STRIDED_CUDA(size, stride, dtype)
