@@ -106,14 +106,16 @@ class _Slot:
     buffers: list[torch.Tensor] | None
     outputs: Sequence[Any]  # the graph's results (tensors over its own memory)
     addresses: list[int]  # each result's address when recorded
-    # each result's storage use count when recorded, before any result was handed out
-    # (a tensor the wrapper held then and dropped since can only lower it)
+    # each result's storage use count when recorded, before any result was handed out.
+    # Exactly equal, not at most: a reference of the recording's that went away since
+    # could otherwise hide one of the caller's (the graph then runs plainly, never
+    # over a result still held)
     uses: list[int]
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
         storage was resized away from the graph's memory)."""
-        return all(o.data_ptr() == a and _uses(o) <= u for o, a, u in
+        return all(o.data_ptr() == a and _uses(o) == u for o, a, u in
                    zip(self.tensors, self.addresses, self.uses, strict=True))
 
     @property
