@@ -184,12 +184,10 @@ def triton_module(source: str) -> Path:
     return path
 
 
-def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
-    """Write (or reuse) the module file and import the @triton.jit kernel from it."""
+def load_triton(path: Path, symbol: str) -> Any:
+    """The @triton.jit kernel `symbol` of the module file `triton_module` wrote."""
     triton_startup.wait()  # a start-up begun by the backend finishes first
-    path = triton_module(source)
-    key = path.stem
-    name = f"rewritec_kernels.{symbol}_{key[:12]}"
+    name = f"rewritec_kernels.{symbol}_{path.stem[:12]}"
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -202,4 +200,4 @@ def load_triton(source: str, symbol: str) -> tuple[Any, Path]:
             raise BuildError(f"generated Triton module does not load: {type(e).__name__}: "
                              f"{e}") from None
         sys.modules[name] = module
-    return getattr(module, symbol), path
+    return getattr(module, symbol)

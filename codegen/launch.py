@@ -95,9 +95,6 @@ class TritonLauncher(Launcher):
                  fallback: Callable[..., torch.Tensor]) -> None:
         super().__init__(spec, kernel, fallback)
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
-        self.chunk: Callable[[KernelSpec, int], int] | None = None
-        if spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
-            self.chunk = chunk
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         g, out, tensors = _prepare(self.spec, inputs, self.out_dtype)
@@ -119,8 +116,8 @@ class TritonLauncher(Launcher):
             cols = space[-1]
             rows = _numel(space) // cols
             block = block_pow2(cols)
-            if self.chunk is not None:
-                block = self.chunk(self.spec, block)
+            if self.spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
+                block = chunk(self.spec, block)
             self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
                                  num_warps=row_warps(block))
         return out
@@ -165,9 +162,9 @@ class KernelRecipe:
         cls: Any = _launcher_type(self.launcher)
         if self.target == "triton":
             path = triton_module(self.source)
-            fn = _direct(self.source, spec.name, lazy)
+            fn = _direct(self.source, path, spec.name, lazy)
             if self.launcher == "ReductionTritonLauncher":
-                combine = _direct(self.source, f"{spec.name}_combine", lazy)
+                combine = _direct(self.source, path, f"{spec.name}_combine", lazy)
                 launcher = cls(spec, fn, combine, fallback)
             else:
                 launcher = cls(spec, fn, fallback)
@@ -178,15 +175,16 @@ class KernelRecipe:
         return launcher, path
 
 
-def _direct(source: str, symbol: str, lazy: bool) -> DirectKernel:
-    """A kernel launched through its compiled binary after its first call, and
-    through a binary stored by an earlier process where one is (static_launch.py)."""
+def _direct(source: str, path: Path, symbol: str, lazy: bool) -> DirectKernel:
+    """Kernel `symbol` of `source` (written to `path`), launched through its compiled
+    binary after its first call, and through a binary stored by an earlier process
+    where one is (static_launch.py)."""
     binaries = None
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and static_launch.available():
         binaries = static_launch.Binaries(source, symbol)
     if lazy:
-        return DirectKernel(load=lambda: load_triton(source, symbol)[0], binaries=binaries)
-    return DirectKernel(load_triton(source, symbol)[0], binaries=binaries)
+        return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries)
+    return DirectKernel(load_triton(path, symbol), binaries=binaries)
 
 
 def launcher_class(spec: KernelSpec, target: str) -> str:
