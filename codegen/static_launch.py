@@ -127,28 +127,33 @@ class Binaries:
         text = f"{self.kernel}\n{major}.{minor}\n{_fingerprint()}\n{call!r}"
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
-    def keep(self, call: tuple[Any, ...], device: int, compiled: Any, n_args: int) -> None:
-        """Store the binary the JIT compiled for `call` (kwargs and signature)."""
+    def keep(self, call: tuple[Any, ...], device: int, compiled: Any, n_args: int,
+             grid: tuple[int, ...] | None = None) -> Callable[..., None] | None:
+        """Store the binary the JIT compiled for `call` (kwargs and signature); with
+        `grid`, also return a launcher of it (None where it cannot be stored)."""
         if self.failed is not None:
-            return
+            return None
         try:
             described = describe(compiled, n_args)
             if described is None:
-                return
+                return None
             meta, cubin = described
             from .build import _publish, _verified
 
             root, key = _root(), self._key(call, device)
-            path = root / f"{key}.json"
-            if _verified(path):
-                return
-            for suffix, data in ((".cubin", cubin), (".json", json.dumps(meta).encode())):
-                fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=root)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                _publish(Path(tmp), root / f"{key}{suffix}")
+            if not _verified(root / f"{key}.json"):
+                for suffix, data in ((".cubin", cubin), (".json", json.dumps(meta).encode())):
+                    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=root)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    _publish(Path(tmp), root / f"{key}{suffix}")
+            if grid is None:
+                return None
+            # the binary in hand is the one stored: no need to read it back
+            return _launcher(meta, str(root / f"{key}.cubin"), device, grid)
         except Exception as e:  # noqa: BLE001 - storing is an optimization, never a failure
             self.failed = f"{type(e).__name__}: {e}"
+            return None
 
     def find(self, call: tuple[Any, ...], device: int, grid: tuple[int, ...]
              ) -> Callable[..., None] | None:

@@ -84,14 +84,16 @@ class DirectKernel:
         self.ahead = 0  # binaries compiled without launching, then launched statically
         self.disabled: str | None = None  # why every call goes through the JIT
 
-    @property
-    def jit(self) -> Any:
+    def _loaded(self) -> Any:
+        """The JIT function, loaded on first use (which also sets `params`)."""
         if self._jit_fn is None:
             assert self._load is not None, "DirectKernel needs a jit or a load"
             self._jit_fn = self._load()
             if self.params is None:
                 self.params = _jit_params(self._jit_fn)
         return self._jit_fn
+
+    jit = property(_loaded)
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
@@ -101,7 +103,7 @@ class DirectKernel:
 
     def launch(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._jit_fn is None and self.binaries is None:
-            self.jit  # noqa: B018 - no binary to find: load it (which sets `params`)
+            self._loaded()  # no binary to find: the JIT's parameters are needed
         if self.disabled is not None or type(grid) is not tuple or (
                 self.params is None and self._jit_fn is not None):
             return self._jit(grid, args, kwargs)
@@ -151,7 +153,7 @@ class DirectKernel:
         cannot be stored or found again."""
         if len(self.runners) >= LIMIT:
             return None
-        jit = self.jit  # loads the kernel, which also sets `params`
+        jit = self._loaded()
         tail = (self.params or [])[len(args):]
         if self.params is None or not all(c and name in kwargs for name, c in tail):
             return None
@@ -159,8 +161,7 @@ class DirectKernel:
             compiled = jit.warmup(*args, grid=grid, **kwargs)
         except Exception:  # noqa: BLE001 - the JIT's launch meets and reports the same error
             return None
-        self.binaries.keep(call, device, compiled, len(args))
-        run = self.binaries.find(call, device, grid)
+        run = self.binaries.keep(call, device, compiled, len(args), grid)
         if run is not None:
             self.ahead += 1
         return run

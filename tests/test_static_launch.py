@@ -113,6 +113,22 @@ def test_a_stored_binary_is_found_and_launched_with_the_arguments_it_takes(fake_
     assert launch[8] == 77
 
 
+
+def test_keeping_with_a_grid_launches_the_binary_just_stored(fake_gpu) -> None:
+    """The first call's path (DirectKernel._compile_ahead): one keep stores the binary
+    and returns its launcher, which a later process's find matches."""
+    run = static_launch.Binaries("source", "scale_kernel").keep(CALL, 0, _fake_compiled(), 3,
+                                                                (8,))
+    assert run is not None and fake_gpu.loads == [(b"\x7fELF-cubin", "scale_kernel", 64, 0)]
+    x, out = torch.ones(4), torch.zeros(4)
+    run(x, out, 1000, 128)
+    (launch,) = fake_gpu.launches
+    assert launch[:7] == (1234, 8, 1, 1, 4, 64, "OOiOO") and launch[7][2:] == (1000, None, None)
+    assert static_launch.Binaries("source", "scale_kernel").find(CALL, 0, (8,)) is not None
+    refused = _fake_compiled(num_ctas=2)  # what the static launcher cannot launch
+    assert static_launch.Binaries("other", "scale_kernel").keep(CALL, 0, refused, 3,
+                                                                (8,)) is None
+
 @pytest.mark.parametrize("other", ["call", "source", "symbol", "capability", "triton_env"])
 def test_a_binary_is_found_only_under_its_own_key(fake_gpu, monkeypatch, other) -> None:
     static_launch.Binaries("source", "scale_kernel").keep(CALL, 0, _fake_compiled(), 3)
@@ -157,8 +173,10 @@ class Binaries:
     def __init__(self) -> None:
         self.kept: dict[Any, Any] = {}
 
-    def keep(self, call: Any, device: int, compiled: Any, n_args: int) -> None:
+    def keep(self, call: Any, device: int, compiled: Any, n_args: int,
+             grid: Any = None) -> Any:
         self.kept[call] = compiled
+        return None if grid is None else self.find(call, device, grid)
 
     def find(self, call: Any, device: int, grid: Any) -> Any:
         if call not in self.kept:
@@ -210,8 +228,9 @@ def test_a_new_call_is_compiled_ahead_and_launched_statically_from_its_first_cal
     assert (k.ahead, k.jitted, k.stored, k.direct) == (1, 0, 0, 2)
 
     class Refusing(Binaries):  # e.g. a binary that needs what the static launcher lacks
-        def keep(self, call: Any, device: int, compiled: Any, n_args: int) -> None:
-            pass
+        def keep(self, call: Any, device: int, compiled: Any, n_args: int,
+                 grid: Any = None) -> Any:
+            return None
 
     log.clear()
     refusing = Refusing()
