@@ -105,7 +105,8 @@ class _Slot:
     # when the graph reads the caller's tensors, replayed only on tensors at `reads`
     buffers: list[torch.Tensor] | None
     outputs: Sequence[Any]  # the graph's results (tensors over its own memory)
-    addresses: list[int]  # each result's address when recorded
+    tensors: list[torch.Tensor]  # those of them that are tensors
+    addresses: list[int]  # each tensor's address when recorded
     # each result's storage use count when recorded, before any result was handed out.
     # Exactly equal, not at most: a reference of the recording's that went away since
     # could otherwise hide one of the caller's (the graph then runs plainly, never
@@ -117,10 +118,6 @@ class _Slot:
         storage was resized away from the graph's memory)."""
         return all(o.data_ptr() == a and _uses(o) == u for o, a, u in
                    zip(self.tensors, self.addresses, self.uses, strict=True))
-
-    @property
-    def tensors(self) -> list[torch.Tensor]:
-        return [o for o in self.outputs if isinstance(o, torch.Tensor)]
 
     def results(self) -> Any:
         """New tensors over the results' memory, in the wrapper's container type."""
@@ -223,7 +220,7 @@ class CudaGraphRunner:
         if len(storages) < len(tensors) or storages & {i.untyped_storage().data_ptr()
                                                          for i in inputs}:
             raise RuntimeError("outputs share memory with each other or with inputs")
-        slot = _Slot(replay, _addresses(inputs), None if direct else inputs, outputs,
+        slot = _Slot(replay, _addresses(inputs), None if direct else inputs, outputs, tensors,
                      [o.data_ptr() for o in tensors], [_uses(o) for o in tensors])
         where = "the caller's tensors" if direct else "its own input buffers"
         self.log(f"CUDA graph recorded for {len(args)} argument(s), reading {where}: "
