@@ -96,14 +96,17 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
         kw.pop("options", None)
         if kw.pop("disable", False):  # torch.compile(disable=True) compiles nothing
             return (lambda m: m) if model is None else model
+        # the command line's options come from PROCESS_DEFAULTS, as for every call
         if model is None:  # used as @torch.compile(...)
-            return lambda m: compile_model(m, **kw, **options)
-        return compile_model(model, **kw, **options)
+            return lambda m: compile_model(m, **kw)
+        return compile_model(model, **kw)
 
     from .options import PROCESS_DEFAULTS
 
     torch.compile = routed  # type: ignore[assignment]
-    PROCESS_DEFAULTS.update(options)  # for rewritec.compile and backend="rewritec" calls
+    # every compilation while the script runs starts from the command line's options:
+    # these rerouted calls, and the script's own rewritec.compile and backend="rewritec"
+    PROCESS_DEFAULTS.update(options)
     sys.path.insert(0, str(path.resolve().parent))
     try:
         return runpy.run_path(str(path), run_name="__main__"), 0
