@@ -32,7 +32,8 @@ from .engine.pipeline import run_pipeline
 from .engine.prove import prove
 from .engine.rules import ATTR_FUNCS, Rule
 from .engine.term import Graph, Term, TermStore
-from .frontend.aten import TORCH_DTYPES, Bridge, meta_of
+from .frontend.aten import Bridge, meta_of
+from .frontend.dtypes import TORCH_DTYPES
 from .frontend.fold import is_frozen, make_folder, tensor_term
 from .options import Options
 

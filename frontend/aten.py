@@ -19,8 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..engine.ops import OpInfo, OpTable, default_op_table
 from ..engine.term import Meta, Term
-from .dtypes import DTYPES, TORCH_DTYPES  # noqa: F401 - used here and by importers of this module
-
+from .dtypes import DTYPES, TORCH_DTYPES
 
 
 @dataclass(frozen=True)
