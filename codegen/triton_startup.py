@@ -7,7 +7,11 @@ libtriton's half gigabyte included: 0.35 s on an H200 host, 1.15 s on an H100
 host with a cold page cache, in every process. rewritec keys Triton's cache by
 a fingerprint of the same files instead (`installed_fingerprint`: their paths,
 sizes and modification times, a few milliseconds), so any change to an
-installed Triton file still changes the key. None of this depends on the graph.
+installed Triton file still changes the key. Its CUDA driver's C utility module
+is built or loaded only when used (`_deferred_cuda_driver`): rewritec compiles
+kernels with targets from torch and launches them with torch's static launcher,
+so a fresh cache no longer waits for the C compiler (0.4 s on an H100 host).
+None of this depends on the graph.
 So the backend calls `start()` as soon as it receives a graph with CUDA
 inputs, and the work runs while AOTAutograd traces and the rules rewrite; most
 of it holds no GIL (reading files, waiting on the C compiler). `wait()`,
@@ -18,7 +22,9 @@ same problem and reports it (or falls back to ATen) itself.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import threading
 from pathlib import Path
 
@@ -35,7 +41,64 @@ def _start_up() -> None:
         value = f"rewritec-{installed_fingerprint(root, triton.__version__)}"
         # Triton's own process pools hand their workers the key the same way.
         cache.triton_key = lambda: value
+    if vars(driver).get("_active") is None:  # nothing in this process has used it yet
+        deferred = _deferred_cuda_driver()
+        if deferred is not None:
+            driver.set_active(deferred)
     driver.active.get_current_target()
+    _import_compiler()
+
+
+# What Triton imports at its first compile rather than at `import triton` (a new
+# process's first kernel spent 0.06 s of an H100 host's cold compile reading gluon's
+# files); the start-up thread reads them while the main thread traces.
+COMPILER_MODULES = ("triton.compiler.compiler", "triton.compiler.code_generator",
+                    "triton.language.semantic", "triton.language.extra.libdevice",
+                    "triton.backends.nvidia.compiler", "triton.experimental.gluon")
+
+
+def _import_compiler() -> None:
+    for name in COMPILER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # not in this Triton: its compile does not import it either
+            pass
+
+
+def _deferred_cuda_driver() -> object | None:
+    """Triton's CUDA driver, whose C utility module is built (with the host's C
+    compiler, on a fresh cache) or loaded only when something uses it.
+
+    Compiling a kernel needs the driver only for the device, its stream and its
+    target, which it takes from torch; loading and launching a binary through
+    torch's static launcher (codegen/static_launch.py) needs no utility module at
+    all. Only a kernel the JIT itself launches does, and it still gets one, at its
+    first use. None (the usual driver) for a Triton whose CUDA driver is not laid
+    out as the ones read here (3.6 to 3.9: `CudaDriver.__init__` builds `utils`
+    and sets `launcher_cls`, `GPUDriver.__init__` reads the rest from torch)."""
+    import torch
+
+    if torch.version.hip is not None or not torch.cuda.is_available():
+        return None
+    try:
+        from triton.backends.driver import GPUDriver
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:
+        return None
+    if not (hasattr(nvidia, "CudaUtils") and hasattr(nvidia, "CudaLauncher")
+            and issubclass(nvidia.CudaDriver, GPUDriver)):
+        return None
+
+    class DeferredCudaDriver(nvidia.CudaDriver):
+        def __init__(self) -> None:
+            GPUDriver.__init__(self)  # device, stream and capability from torch
+            self.launcher_cls = nvidia.CudaLauncher
+
+        @functools.cached_property
+        def utils(self) -> object:
+            return nvidia.CudaUtils()
+
+    return DeferredCudaDriver()
 
 
 def installed_fingerprint(root: Path, version: str) -> str:

@@ -97,3 +97,75 @@ def test_the_start_up_keys_tritons_cache_by_the_fingerprint(fresh, monkeypatch) 
     except Exception:  # noqa: BLE001 - no GPU driver here: the key is set before it
         pass
     assert cache.triton_key().startswith("rewritec-") and len(cache.triton_key()) == 73
+
+
+def test_the_deferred_driver_builds_its_utility_module_only_when_used(monkeypatch) -> None:
+    """The CUDA driver the start-up installs takes device, stream and capability
+    from torch; Triton's C utility module (built with gcc on a fresh cache) is made
+    at the first use of `utils`, once, and never by compiling alone."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.backends.nvidia import driver as nvidia
+
+    built = []
+
+    class FakeUtils:
+        def __init__(self) -> None:
+            built.append(self)
+
+    monkeypatch.setattr(nvidia, "CudaUtils", FakeUtils)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    deferred = triton_startup._deferred_cuda_driver()
+    assert isinstance(deferred, nvidia.CudaDriver) and built == []
+    assert deferred.get_device_capability is torch.cuda.get_device_capability
+    assert deferred.get_current_device is torch.cuda.current_device
+    assert deferred.launcher_cls is nvidia.CudaLauncher and built == []
+    assert deferred.utils is deferred.utils and len(built) == 1
+
+
+def test_no_deferred_driver_without_a_cuda_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert triton_startup._deferred_cuda_driver() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cold_cuda_compile_builds_no_triton_utility_module(tmp_path) -> None:
+    """In a fresh process with fresh caches, compiling and running a CUDA graph
+    leaves no `cuda_utils` module in Triton's cache: nothing waited for gcc."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import torch, rewritec\n"
+              "f = rewritec.compile(lambda x: torch.sin(x) * 2 + 1)\n"
+              "x = torch.randn(4096, device='cuda')\n"
+              "torch.testing.assert_close(f(x), torch.sin(x) * 2 + 1)\n"
+              "print('ran')\n")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               REWRITEC_CACHE_DIR=str(tmp_path / "rewritec"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "ran" in done.stdout, done.stderr[-2000:]
+    built = [p.name for p in (tmp_path / "triton").rglob("*") if "cuda_utils" in p.name]
+    assert built == [], built
+    assert list((tmp_path / "triton").rglob("*.cubin")), "no kernel was compiled by Triton"
+
+
+def test_the_start_up_imports_what_tritons_first_compile_would() -> None:
+    """Run in a fresh interpreter: the modules are imported by `_import_compiler`,
+    not already by `import triton`, and every listed one that exists gets loaded."""
+    import subprocess
+    import sys
+
+    script = ("import sys, triton\n"
+              "from rewritec.codegen import triton_startup as s\n"
+              "before = set(sys.modules)\n"
+              "s._import_compiler()\n"
+              "new = [m for m in s.COMPILER_MODULES if m in sys.modules and m not in before]\n"
+              "print(','.join(new))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = done.stdout.strip().split(",")
+    assert "triton.compiler.code_generator" in loaded, loaded
+    assert "triton.language.extra.libdevice" in loaded, loaded
