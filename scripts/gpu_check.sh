@@ -27,6 +27,8 @@ fi
 # Byte-compile everything as an installation would, so that a cold compile does not
 # also measure Python compiling rewritec's and lark's sources (the checkout arrives bare).
 python3 -m compileall -q -j 0 . /tmp/site >/dev/null 2>&1
+# Likewise the built-in rules' parsed table, kept beside them (rulesets.builtin_rules).
+REWRITEC_CACHE_DIR=$(mktemp -d) python3 -c "from rewritec.rulesets import builtin_rules as b; b()"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   python3 -m pytest -q -p no:logging $TESTS 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"

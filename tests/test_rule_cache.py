@@ -1,4 +1,6 @@
-"""The parsed built-in rules are cached between processes (rulesets.builtin_rules)."""
+"""The parsed built-in rules are kept between processes (rulesets.builtin_rules):
+beside the rule files like Python's bytecode, or in the kernel cache when the
+installation is read-only; a copy that fails its hash is parsed again."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import pytest
 from rewritec import rulesets
 
 
-def _fresh(monkeypatch: pytest.MonkeyPatch, cache: Path) -> tuple:
+def _fresh(monkeypatch: pytest.MonkeyPatch, cache: Path, compiled: Path) -> tuple:
     monkeypatch.setenv("REWRITEC_CACHE_DIR", str(cache))
+    monkeypatch.setattr(rulesets, "COMPILED_DIR", compiled)
     rulesets.builtin_rules.cache_clear()
     try:
         return rulesets.builtin_rules()
@@ -18,19 +21,39 @@ def _fresh(monkeypatch: pytest.MonkeyPatch, cache: Path) -> tuple:
         rulesets.builtin_rules.cache_clear()
 
 
-def test_cached_rules_equal_parsed_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed = _fresh(monkeypatch, tmp_path)
-    [entry] = tmp_path.glob("rules-*.pickle")
-    cached = _fresh(monkeypatch, tmp_path)
-    assert [(r.name, r.location, r.kind) for r in cached] == \
-        [(r.name, r.location, r.kind) for r in parsed]
-    assert entry.stat().st_size > 0
+def _same(a: tuple, b: tuple) -> bool:
+    return [(r.name, r.where, r.kind, r.pattern, r.replace) for r in a] == \
+        [(r.name, r.where, r.kind, r.pattern, r.replace) for r in b]
 
 
-def test_corrupted_rule_cache_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed = _fresh(monkeypatch, tmp_path)
-    [entry] = tmp_path.glob("rules-*.pickle")
+def test_the_parsed_table_is_kept_beside_the_rules(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled, cache = tmp_path / "__pycache__", tmp_path / "cache"
+    parsed = _fresh(monkeypatch, cache, compiled)
+    [entry] = compiled.glob("rules-*.pickle")
+    assert not list(cache.glob("rules-*.pickle"))
+    # a fresh kernel cache (a cold compile) still finds the table
+    loaded = _fresh(monkeypatch, tmp_path / "another-cache", compiled)
+    assert _same(loaded, parsed) and entry.stat().st_size > 0
+    assert _same(parsed, tuple(rulesets._load([rulesets.RULES_DIR], builtin=True)))
+
+
+def test_a_read_only_installation_keeps_it_in_the_kernel_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "installed"
+    blocker.write_text("a file where the folder would go")  # mkdir fails, even as root
+    parsed = _fresh(monkeypatch, tmp_path / "cache", blocker / "__pycache__")
+    [entry] = (tmp_path / "cache").glob("rules-*.pickle")
+    again = _fresh(monkeypatch, tmp_path / "cache", blocker / "__pycache__")
+    assert _same(again, parsed) and entry.stat().st_size > 0
+
+
+def test_a_corrupted_table_is_parsed_again(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = tmp_path / "__pycache__"
+    parsed = _fresh(monkeypatch, tmp_path / "cache", compiled)
+    [entry] = compiled.glob("rules-*.pickle")
     entry.write_bytes(b"not a pickle")  # its recorded hash no longer matches
-    again = _fresh(monkeypatch, tmp_path)
-    assert [r.name for r in again] == [r.name for r in parsed]
+    again = _fresh(monkeypatch, tmp_path / "cache", compiled)
+    assert _same(again, parsed)
     assert entry.read_bytes() != b"not a pickle"
