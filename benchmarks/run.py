@@ -854,7 +854,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(default: torch's choice)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="soft limit for the whole run in seconds (--quick: 170 on the CPU, "
-                        "300 on CUDA)")
+                        "360 on CUDA)")
     p.add_argument("--probe-cases", default=None,
                    help="cases whose cold/warm compile is probed (default: all; --quick: "
                         f"{','.join(QUICK_PROBE_CASES)}); 'none' for no probes")
