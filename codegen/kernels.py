@@ -26,7 +26,7 @@ from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms,
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .build import vector_math_decls
-from .spec import KernelSpec, KInput, static_width
+from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import has_template, render_template
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
@@ -469,7 +469,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
         out_off, out_mask = "row * n_cols + cols", "mask"
     params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
     params += ["n_elements"] if spec.kind == "pointwise" else [row_width_param(spec)]
-    params += [f"size{k}" for k in range(spec.rank)]
+    params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template(f"triton/{spec.template}.py.j2", header=_header(spec, "triton", "#"),
                            name=spec.name, params=params, loads=loads, stmts=stmts,

@@ -28,7 +28,7 @@ from .kernels import (
     value_expr,
 )
 from .reduction import FILL, triton_accumulate, triton_finish
-from .spec import KernelSpec, KInput, static_width
+from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import render_template
 
 # Widest row (static columns) the persistent template takes. Wider rows loop.
@@ -153,7 +153,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             done.add(t)
     elem_body = [] if spec.per_row_out else elem_lines([spec.root], last=True)
     params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr", row_width_param(spec)]
-    params += [f"size{k}" for k in range(spec.rank)]
+    params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
                            welford=any(p.get("welford") for p in passes),

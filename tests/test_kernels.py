@@ -178,6 +178,25 @@ def test_kernel_source_names_rule_and_template(tmp_path) -> None:
     assert kernel["replaced_ops"] >= 5
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_triton_sizes_are_constants_only_for_static_shapes(tmp_path, dynamic: bool) -> None:
+    """A broadcast input's offset divides by the sizes: constants (a shift, not a
+    division per element) when the shape is static, run-time values when TorchDynamo
+    made it symbolic, where one kernel serves every size."""
+    torch._dynamo.reset()
+    report.reset()
+    gelu_bias = lambda x, b: F.gelu(x + b)  # noqa: E731
+    compiled = rewritec.compile(gelu_bias, target="triton", strict=True, dynamic=dynamic,
+                                out_dir=str(tmp_path))
+    for rows, cols in [(6, 40), (9, 40)]:
+        x, b = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(compiled(x, b), gelu_bias(x, b))
+    sources = {open(k["source"]).read() for r in report.RECORDS for k in r.kernels}
+    assert sources and all("in1_stride0 * (offs // size1)" in src for src in sources)
+    constant = ["size1: tl.constexpr" in src for src in sources]
+    assert constant == [not dynamic] * len(sources)
+
+
 # ------------------------------------------------------------------ copy kernels
 @pytest.mark.parametrize("target", ["openmp", "triton"])
 @pytest.mark.parametrize("shape,perm", [((7, 5), (1, 0)), ((2, 33, 3, 8), (0, 2, 1, 3)),
