@@ -70,9 +70,12 @@ def _load_cached() -> tuple[Rule, ...]:
     engine = Path(__file__).resolve().parent / "engine"
     sources = sorted(RULES_DIR.rglob("*.yaml")) + sorted(engine.glob("*.py")) \
         + [engine / "grammar.lark"]
+    # keyed as Python keys bytecode: by each source's size and modification time,
+    # which a cold start reads without reading the files
     key = hashlib.sha256(f"{__version__} {sys.version}".encode())
     for f in sources:
-        key.update(str(f.relative_to(f.parents[1])).encode() + b"\0" + f.read_bytes())
+        st = f.stat()
+        key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     name = f"rules-{key.hexdigest()[:24]}.pickle"
     places = [COMPILED_DIR, cache_dir()]
     for place in places:

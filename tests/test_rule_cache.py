@@ -57,3 +57,24 @@ def test_a_corrupted_table_is_parsed_again(tmp_path: Path,
     again = _fresh(monkeypatch, tmp_path / "cache", compiled)
     assert _same(again, parsed)
     assert entry.read_bytes() != b"not a pickle"
+
+
+def test_an_edited_rule_file_is_parsed_again(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table is keyed by each source's size and modification time: a rule file
+    edited after the table was kept gives a new table with the edit in it."""
+    import shutil
+
+    rules = tmp_path / "rules"
+    shutil.copytree(rulesets.RULES_DIR, rules, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(rulesets, "RULES_DIR", rules)
+    compiled = rules / "__pycache__"
+    before = {r.name: r.doc for r in _fresh(monkeypatch, tmp_path / "cache", compiled)}
+    target = next(p for p in sorted(rules.rglob("*.yaml")) if "doc:" in p.read_text())
+    text = target.read_text()
+    old_doc = text.split("doc:", 1)[1].splitlines()[0].strip()
+    target.write_text(text.replace(f"doc: {old_doc}", "doc: edited after the table was kept", 1))
+    after = {r.name: r.doc for r in _fresh(monkeypatch, tmp_path / "cache", compiled)}
+    changed = [name for name in before if before[name] != after[name]]
+    assert len(changed) == 1 and after[changed[0]] == "edited after the table was kept"
+    assert len(list(compiled.glob("rules-*.pickle"))) == 2
