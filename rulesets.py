@@ -89,6 +89,10 @@ def _load_cached() -> tuple[Rule, ...]:
             tmp = place / f"{name}.{os.getpid()}.tmp"
             tmp.write_bytes(data)
             _publish(tmp, place / name)
+            if place == COMPILED_DIR:  # one table per installation, as one .pyc per module
+                for old in place.glob("rules-*.pickle*"):
+                    if not old.name.startswith(name):
+                        old.unlink(missing_ok=True)
             break
         except OSError:  # a read-only installation: the kernel cache then
             continue
