@@ -25,8 +25,12 @@ if ! python3 -c "import lark" 2>/dev/null; then
   exit 2
 fi
 # Byte-compile everything as an installation would, so that a cold compile does not
-# also measure Python compiling rewritec's and lark's sources (the checkout arrives bare).
-python3 -m compileall -q -j 0 . /tmp/site >/dev/null 2>&1
+# also measure Python compiling rewritec's and lark's sources (the checkout arrives bare),
+# nor torch's and Triton's: the GPU machine's image ships them without bytecode and sets
+# PYTHONDONTWRITEBYTECODE=1, so every process compiled each torch module it imported
+# (Inductor's many more than rewritec's); pip writes bytecode when it installs them.
+SITE_PKGS=$(python3 -c "import os, torch, triton; print(os.path.dirname(torch.__file__), os.path.dirname(triton.__file__))" 2>/dev/null)
+python3 -m compileall -q -j 0 . /tmp/site $SITE_PKGS >/dev/null 2>&1
 # Likewise the built-in rules' parsed table, kept beside them (rulesets.builtin_rules).
 REWRITEC_CACHE_DIR=$(mktemp -d) python3 -c "from rewritec.rulesets import builtin_rules as b; b()"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
