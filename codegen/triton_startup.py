@@ -10,7 +10,8 @@ sizes and modification times, a few milliseconds), so any change to an
 installed Triton file still changes the key. Its CUDA driver's C utility module
 is built or loaded only when used (`_deferred_cuda_driver`): rewritec compiles
 kernels with targets from torch and launches them with torch's static launcher,
-so a fresh cache no longer waits for the C compiler (0.4 s on an H100 host).
+so a fresh cache no longer builds it (0.4 s of gcc on an H100 host's start-up
+thread, about 0.1 s of it waited for).
 None of this depends on the graph.
 So the backend calls `start()` as soon as it receives a graph with CUDA
 inputs, and the work runs while AOTAutograd traces and the rules rewrite; most
