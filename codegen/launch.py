@@ -178,13 +178,20 @@ class KernelRecipe:
 def _direct(source: str, path: Path, symbol: str, lazy: bool) -> DirectKernel:
     """Kernel `symbol` of `source` (written to `path`), launched through its compiled
     binary after its first call, and through a binary stored by an earlier process
-    where one is (static_launch.py)."""
+    or compiled by the compile worker where one is (static_launch.py, ahead.py).
+    While the worker runs, the kernel is imported (and Triton with it) only if a
+    launch needs the JIT after all."""
     binaries = None
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and static_launch.available():
         binaries = static_launch.Binaries(source, symbol)
+        if not lazy:
+            from . import ahead
+
+            lazy = ahead.running()
     if lazy:
-        return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries)
-    return DirectKernel(load_triton(path, symbol), binaries=binaries)
+        return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries,
+                            path=path, symbol=symbol)
+    return DirectKernel(load_triton(path, symbol), binaries=binaries, path=path, symbol=symbol)
 
 
 def launcher_class(spec: KernelSpec, target: str) -> str:

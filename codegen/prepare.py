@@ -110,6 +110,11 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
     if failed:
         prepared.graph = _substitute(graph, store, failed)
         prepared.failed = len(failed)
+    if target == "triton" and prepared.launchers:
+        from . import ahead
+
+        if ahead.running():  # the worker compiles them while the graph is finished
+            ahead.submit_graph(prepared.graph, prepared.launchers)
     return prepared
 
 

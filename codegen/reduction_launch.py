@@ -111,6 +111,9 @@ def _pow2(n: int) -> int:
 
 
 def _sm_count(device: torch.device) -> int:
+    if device.type == "meta" and torch.cuda.is_available():
+        # codegen/ahead.py predicts a CUDA launch on meta tensors
+        device = torch.device("cuda")
     if device.type == "cuda":
         return _cuda_sm_count(device.index if device.index is not None else
                               torch.cuda.current_device())

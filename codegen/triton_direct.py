@@ -55,6 +55,11 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
                   if isinstance(a, tensor) else (type(a), a) for a in args])
 
 
+def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What a launch is remembered, stored and found by, less grid and device."""
+    return (tuple(kwargs.items()), _signature(args))
+
+
 def _current_device() -> int:
     # torch.cuda.current_device() less its lazy-init check: a kernel that ran once
     # has initialized CUDA
@@ -66,14 +71,20 @@ class DirectKernel:
 
     `load` instead of `jit` defers importing the kernel (and Triton) to the first
     call that needs the JIT; with `binaries` (codegen/static_launch.py), a call
-    whose binary an earlier process stored launches it without the JIT at all.
+    whose binary an earlier process stored launches it without the JIT at all, and
+    so does a call the compile worker compiled ahead (codegen/ahead.py: `pending`,
+    by call key, with the kernel's module file `path` and `symbol`).
     """
 
     def __init__(self, jit: Any = None, params: list[tuple[str, bool]] | None = None,
                  device: Callable[[], int] = _current_device, *,
-                 load: Callable[[], Any] | None = None, binaries: Any = None) -> None:
+                 load: Callable[[], Any] | None = None, binaries: Any = None,
+                 path: Any = None, symbol: str | None = None) -> None:
         self._jit_fn = jit
         self._load = load
+        self.path = path
+        self.symbol = symbol
+        self.pending: dict[Any, Any] = {}
         self.params = params if params is not None or jit is None else _jit_params(jit)
         self.device = device
         self.binaries = binaries
@@ -82,6 +93,7 @@ class DirectKernel:
         self.jitted = 0  # launches through the JIT
         self.stored = 0  # launches of a binary stored by an earlier process
         self.ahead = 0  # binaries compiled without launching, then launched statically
+        self.from_worker = 0  # binaries the compile worker compiled, launched statically
         self.disabled: str | None = None  # why every call goes through the JIT
 
     def _loaded(self) -> Any:
@@ -108,7 +120,7 @@ class DirectKernel:
                 self.params is None and self._jit_fn is not None):
             return self._jit(grid, args, kwargs)
         device = self.device()
-        call = (tuple(kwargs.items()), _signature(args))
+        call = call_key(args, kwargs)
         key = (grid, device, call)
         try:
             hit = self.runners.get(key)
@@ -119,6 +131,8 @@ class DirectKernel:
             if run is not None:
                 self.stored += 1
             else:
+                run = self._from_worker(grid, len(args), call, device)
+            if run is None:
                 run = self._compile_ahead(grid, args, kwargs, call, device)
             if run is not None:
                 hit = self.runners[key] = (run, (), None)
@@ -140,6 +154,22 @@ class DirectKernel:
                 if self.binaries is not None:
                     self.binaries.keep(call, device, compiled, len(args))
         return compiled
+
+    def _from_worker(self, grid: tuple[Any, ...], n_args: int, call: tuple[Any, ...],
+                     device: int) -> Callable[..., None] | None:
+        """The binary the compile worker made for this call (codegen/ahead.py), stored
+        and launched through the static launcher; None where there is none."""
+        job = self.pending.pop(call, None)
+        if job is None:
+            return None
+        compiled = job.wait()
+        major, minor = torch.cuda.get_device_capability(device)
+        if compiled is None or job.target[1] != major * 10 + minor:
+            return None
+        run = self.binaries.keep(call, device, compiled, n_args, grid)
+        if run is not None:
+            self.from_worker += 1
+        return run
 
     def _compile_ahead(self, grid: tuple[Any, ...], args: tuple[Any, ...],
                        kwargs: dict[str, Any], call: tuple[Any, ...], device: int

@@ -19,6 +19,11 @@ of it holds no GIL (reading files, waiting on the C compiler). `wait()`,
 called before the first Triton kernel is loaded, joins the thread, so the two
 never race. A failure here is ignored: the kernel build that follows meets the
 same problem and reports it (or falls back to ATen) itself.
+
+Where the compile worker runs (codegen/ahead.py), this process compiles no
+kernel of its own unless a launch was not foreseen, so the backend `defer()`s the
+start-up to that launch instead: beside the main thread it would mostly hold the
+GIL that TorchDynamo and the rules need.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
+_deferred = False
 
 
 def _start_up() -> None:
@@ -137,8 +143,19 @@ def start() -> None:
             _thread.start()
 
 
+def defer() -> None:
+    """Run the start-up when a kernel first needs Triton in this process (`wait`),
+    not now: the compile worker (codegen/ahead.py) compiles this process's kernels,
+    and a start-up beside the main thread would only hold the GIL it needs."""
+    global _deferred
+    _deferred = True
+
+
 def wait() -> None:
-    """Block until a started start-up has finished; return at once otherwise."""
+    """Block until a started start-up has finished (a deferred one is run first);
+    return at once otherwise."""
+    if _thread is None and _deferred:
+        start()
     thread = _thread
     if thread is not None:
         thread.join()

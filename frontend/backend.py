@@ -16,9 +16,16 @@ from typing import Any
 
 import torch
 
-from ..codegen import triton_startup
+from ..codegen import ahead, triton_startup
 from ..options import Options
 from . import graph_cache
+
+
+# torch.compile looks the backend up (importing this module) before TorchDynamo
+# traces: in a process that already uses CUDA, the compile worker starts now and is
+# ready by the time a graph's kernels are rendered (codegen/ahead.py).
+if torch.cuda.is_initialized():
+    ahead.start()
 
 
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -50,7 +57,10 @@ def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
             return hit  # its kernels launch binaries stored before, without Triton's JIT
     if opts.target in ("auto", "triton") and any(
             isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
-        triton_startup.start()  # overlaps Triton's own start-up with tracing
+        if ahead.start():
+            triton_startup.defer()  # the worker compiles; Triton starts here only if needed
+        else:
+            triton_startup.start()  # overlaps Triton's own start-up with tracing
     return _through_aot(gm, example_inputs, opts, params, key)
 
 
