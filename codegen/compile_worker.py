@@ -26,6 +26,8 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
+import select
 import sys
 import tempfile
 from pathlib import Path
@@ -159,20 +161,44 @@ def answer(compiled: Any) -> dict[str, Any]:
             "cubin": base64.b64encode(compiled.asm["cubin"]).decode()}
 
 
+class Lines:
+    """The lines of a file descriptor, and whether one is waiting unread."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+
+    def waiting(self) -> bool:
+        return b"\n" in self.buffer or bool(select.select([self.fd], [], [], 0)[0])
+
+    def readline(self) -> str:
+        while b"\n" not in self.buffer:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                line, self.buffer = self.buffer, b""
+                return line.decode()
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode() + "\n"
+
+
 def main() -> int:
     def send(obj: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    hello = json.loads(sys.stdin.readline() or "{}")
+    lines = Lines(sys.stdin.fileno())
+    hello = json.loads(lines.readline() or "{}")
     compiler = Compiler(hello.get("triton_key"))
-    if hello.get("warm"):
+    # The small kernel pays Triton's first compile ahead, unless a job came first
+    # (a graph traced faster than this started): that job must not wait for it.
+    if hello.get("warm") and not lines.waiting():
         try:
             compiler.warm(hello["warm"])
         except Exception:  # noqa: BLE001 - a failed warm-up only means a slower first job
             pass
     send({"ready": True})
-    for line in sys.stdin:
+    while line := lines.readline():
         if not line.strip():
             continue
         job = json.loads(line)

@@ -481,3 +481,22 @@ def test_every_templates_predicted_launch_compiles_in_the_worker(worker, monkeyp
     kinds = {symbol.split("_", 1)[1].rsplit("_", 1)[0] for symbol, _ in sent}
     assert {"fuse_pointwise", "fuse_row", "fuse_reduction", "fuse_matmul",
             "fuse_attention"} <= kinds, kinds
+
+
+def test_the_worker_sees_a_job_waiting_behind_the_line_it_read() -> None:
+    """The worker skips its warm-up compile when a job is already waiting."""
+    import os
+
+    from rewritec.codegen.compile_worker import Lines
+
+    read, write = os.pipe()
+    lines = Lines(read)
+    assert not lines.waiting()
+    os.write(write, b'{"hello": 1}\n{"id": 1}\n')
+    assert lines.readline() == '{"hello": 1}\n' and lines.waiting()  # buffered already
+    assert lines.readline() == '{"id": 1}\n' and not lines.waiting()
+    os.write(write, b'{"id": 2}')
+    assert lines.waiting()  # on the pipe, not yet read
+    os.close(write)
+    assert lines.readline() == '{"id": 2}' and lines.readline() == ""
+    os.close(read)
