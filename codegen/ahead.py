@@ -22,9 +22,10 @@ codegen/static_launch.py stores any binary, and launches it through torch's stat
 launcher: the main process compiles nothing and never starts Triton's compiler.
 
 What it buys: a graph's kernels compile side by side (8 kernels on the 2-core CPU
-machine, two workers: 0.29 s against 0.49 in one process), and Triton's start-up
-leaves the critical path when tracing takes long enough to hide it. A one-kernel
-graph still waits for that kernel's compile after rendering it.
+machine, two workers: 0.25-0.29 s against 0.49 in one process). A graph of one
+kernel still waits for that kernel's compile after rendering it; the warm-up takes
+Triton's first-compile costs off that path only when tracing lasts long enough
+(scripts/compile_worker_sim.py measures both).
 
 A binary is used only for the call it was compiled for (the same key as every
 stored binary: each argument's dtype and address modulo 16, every integer's
@@ -97,7 +98,10 @@ class Worker:
             command or [sys.executable, "-u", str(WORKER)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
             env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
-        self._send({"triton_key": triton_key, "warm": list(warm) if warm else None})
+        from .triton_startup import COMPILER_MODULES
+
+        self._send({"triton_key": triton_key, "imports": list(COMPILER_MODULES),
+                    "warm": list(warm) if warm else None})
         self.reader = threading.Thread(target=self._read, name="rewritec-compile-worker",
                                        daemon=True)
         self.reader.start()
@@ -151,10 +155,12 @@ class Worker:
         return job
 
     def close(self) -> None:
+        """End the worker: it exits when its input closes; one still compiling (a
+        warm-up) is killed rather than waited for, at the parent's exit."""
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
-            self.proc.wait(timeout=1)
+            self.proc.wait(timeout=0.2)
         except (OSError, ValueError, subprocess.TimeoutExpired):
             self.proc.kill()
 

@@ -8,7 +8,7 @@ process pays for its own start-up); once the parent has rendered a kernel and
 knows the arguments of its first launch, the worker compiles it on another core.
 
 Protocol, one JSON object a line. The parent first writes
-    {"triton_key": str | null, "warm": [backend, arch, warp_size] | null}
+    {"triton_key": str | null, "imports": [module, ...], "warm": [backend, arch, warp_size] | null}
 and the worker answers {"ready": true}. Then each job
     {"id": int, "path": str, "symbol": str, "target": [backend, arch, warp_size],
      "args": [...], "kwargs": {...}}
@@ -190,6 +190,11 @@ def main() -> int:
     lines = Lines(sys.stdin.fileno())
     hello = json.loads(lines.readline() or "{}")
     compiler = Compiler(hello.get("triton_key"))
+    for name in hello.get("imports") or ():  # what Triton's first compile imports
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     # The small kernel pays Triton's first compile ahead, unless a job came first
     # (a graph traced faster than this started): that job must not wait for it.
     if hello.get("warm") and not lines.waiting():

@@ -2,6 +2,8 @@
 # One call of the device tool (see benchmarks/README.md): install the carried wheels
 # (.whl/, e.g. lark, which the GPU machine lacks), run the GPU tests, then the benchmark.
 #   TESTS="tests/test_attention.py ..."  CASES=all|gpt2_block,mlp  PROBES=none|default|a,b
+#   NOWORKER=1: the probe cases again with REWRITEC_COMPILE_WORKER=0 (codegen/ahead.py),
+#   written to $OUT/cuda_noworker.md, for the compile workers' effect on the same machine
 # Before the call, on a machine that reaches PyPI (.whl/ is git-ignored, so a fresh
 # checkout has none; pass carry: [".whl"] to the device tool):
 #   pip download lark==1.3.1 --no-deps -d .whl
@@ -43,4 +45,10 @@ if [ -n "${CASES:-}" ]; then
   PRB=(--probe-cases "${PROBES:-none}"); [ "${PROBES:-}" = default ] && PRB=()
   python3 -m benchmarks.run --device cuda --quick "${SEL[@]}" "${PRB[@]}" \
     --out "$OUT/cuda.md" 2>&1 | tail -45
+fi
+if [ -n "${NOWORKER:-}" ]; then
+  NW=pointwise_chain,layer_norm_4k  # --quick's probe cases, unless PROBES lists others
+  case "${PROBES:-default}" in default|none) ;; *) NW=$PROBES ;; esac
+  REWRITEC_COMPILE_WORKER=0 python3 -m benchmarks.run --device cuda --quick \
+    --cases "$NW" --out "$OUT/cuda_noworker.md" 2>&1 | tail -12
 fi
