@@ -195,8 +195,9 @@ def current_target() -> tuple[str, int, int]:
 
 
 def triton_key() -> str | None:
-    """The key codegen/triton_startup.py gives Triton's cache, read without importing
-    Triton: the worker uses it too, instead of hashing libtriton."""
+    """A key for the workers' Triton cache, made as codegen/triton_startup.py makes
+    this process's (a fingerprint of Triton's files) without importing Triton: Triton's
+    own key hashes libtriton, up to a second a process."""
     from importlib.metadata import PackageNotFoundError, version
 
     from .triton_startup import installed_fingerprint
@@ -206,8 +207,8 @@ def triton_key() -> str | None:
         return None
     try:
         triton_version = version("triton")
-    except PackageNotFoundError:
-        return None
+    except PackageNotFoundError:  # installed under another name (pytorch-triton):
+        triton_version = ""  # the files' sizes and times still key it
     root = Path(next(iter(spec.submodule_search_locations)))
     return f"rewritec-{installed_fingerprint(root, triton_version)}"
 

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -186,18 +184,12 @@ def triton_module(source: str) -> Path:
 
 def load_triton(path: Path, symbol: str) -> Any:
     """The @triton.jit kernel `symbol` of the module file `triton_module` wrote."""
+    from .compile_worker import load_module
+
     triton_startup.wait()  # a start-up begun by the backend finishes first
-    name = f"rewritec_kernels.{symbol}_{path.stem[:12]}"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise BuildError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - a template that renders invalid code
-            raise BuildError(f"generated Triton module does not load: {type(e).__name__}: "
-                             f"{e}") from None
-        sys.modules[name] = module
+    try:
+        module = load_module(f"rewritec_kernels.{symbol}_{path.stem[:12]}", path)
+    except Exception as e:  # noqa: BLE001 - a template that renders invalid code
+        raise BuildError(f"generated Triton module does not load: {type(e).__name__}: "
+                         f"{e}") from None
     return getattr(module, symbol)

@@ -106,8 +106,9 @@ def decode(arg: dict[str, Any]) -> Any:
     raise ValueError(f"unknown argument kind {kind!r}")
 
 
-def _load(path: str, symbol: str) -> Any:
-    name = f"rewritec_worker.{symbol}_{abs(hash(path)):x}"
+def load_module(name: str, path: str | Path) -> Any:
+    """The module file at `path`, imported once under `name` (also how the parent
+    loads a kernel for Triton's JIT: codegen/build.py, load_triton)."""
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -116,7 +117,11 @@ def _load(path: str, symbol: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[name] = module
-    return getattr(module, symbol)
+    return module
+
+
+def _load(path: str, symbol: str) -> Any:
+    return getattr(load_module(f"rewritec_worker.{symbol}_{abs(hash(path)):x}", path), symbol)
 
 
 def _jsonable(value: Any) -> bool:
