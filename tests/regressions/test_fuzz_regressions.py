@@ -406,3 +406,18 @@ def test_bfloat16_store_rounds_to_nearest_in_triton() -> None:
         Op('mul', (2, 2)),
         Op('tanh', (3,)),
     ), grad=True), TRITON)
+
+
+# --------------------------------------------------------------------------- layouts
+# Found by scripts/fuzz_long.py (seed 4242, targets aten and auto). The layout phase
+# (codegen/layout.py) ran a bf16 CPU convolution in channels_last, where ATen's
+# convolution gives nan for an infinite input that NCHW (and float64) give as inf.
+# Fixed: `auto` leaves bf16 CPU convolutions in their layout (AUTO_EXCLUDED).
+@pytest.mark.parametrize("options", [ATEN, AUTO], ids=lambda o: o["target"])
+def test_bf16_convolution_of_infinite_inputs(options: dict) -> None:
+    check_graph(Graph((
+        Input((1, 5, 7, 2), 'bf16', 'contig', 'special'),
+        Input((1, 5, 1, 1), 'bf16'),
+        Op('conv2d', (0, 1), (1, 1, 1, 1)),
+    )), options)
+
