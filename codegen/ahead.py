@@ -90,6 +90,7 @@ class Worker:
                  command: list[str] | None = None) -> None:
         self.jobs: dict[int, Job] = {}
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()  # graphs compiled on two threads send whole lines
         self.next_id = 0
         self.ready = threading.Event()
         self.dead: str | None = None
@@ -109,8 +110,9 @@ class Worker:
     def _send(self, obj: dict[str, Any]) -> bool:
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(obj) + "\n")
-            self.proc.stdin.flush()
+            with self.write_lock:
+                self.proc.stdin.write(json.dumps(obj) + "\n")
+                self.proc.stdin.flush()
             return True
         except (OSError, ValueError) as e:
             self._fail(f"cannot write to the worker: {e}")

@@ -500,3 +500,35 @@ def test_the_worker_sees_a_job_waiting_behind_the_line_it_read() -> None:
     os.close(write)
     assert lines.readline() == '{"id": 2}' and lines.readline() == ""
     os.close(read)
+
+
+def test_a_graphs_kernels_wait_for_their_jobs_under_the_calls_they_are_launched_with(
+        monkeypatch) -> None:
+    """submit_graph: one job per predicted launch, filed on the kernel under the key its
+    launch then looks it up by; kernels without binaries (no static launcher) get none."""
+    captured: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(ahead, "running", lambda: True)
+    monkeypatch.setattr(ahead, "submit_graph", lambda g, ls: captured.append((g, ls)) or 0)
+    fn, make = CASES["row_then_column"]
+    compiled = rewritec.compile(fn, target="triton", strict=True)
+    inputs = make()
+    compiled(*inputs)
+    monkeypatch.undo()
+    (graph, launchers), = captured
+    kernels = [k for launcher in launchers.values() for k in vars(launcher).values()
+               if isinstance(k, DirectKernel)]
+    kernels[0].binaries = object()  # as on a GPU; the others have none, as here
+    sent: list[Any] = []
+    monkeypatch.setattr(ahead, "running", lambda: True)
+    monkeypatch.setattr(ahead, "current_target", lambda: SM90)
+    monkeypatch.setattr(ahead, "submit", lambda *a: sent.append(a) or ahead.Job(SM90))
+    assert ahead.submit_graph(graph, launchers) == 1
+    ((path, symbol, target, args, kwargs),) = sent
+    assert (path, symbol, target) == (str(kernels[0].path), kernels[0].symbol, SM90)
+    assert all(a is not None for a in args)
+    launched: list[Any] = []
+    monkeypatch.setattr(DirectKernel, "launch", lambda self, grid, a, kw: launched.append(
+        (self, call_key(a, kw))))
+    compiled(*inputs)
+    assert (kernels[0], next(iter(kernels[0].pending))) in launched
+    assert not any(k.pending for k in kernels[1:])
