@@ -172,8 +172,9 @@ _workers: list[Worker] = []
 
 
 def pool_size() -> int:
-    """Workers to start: kernels of one graph compile side by side, one a core to
-    spare, up to 4 (`REWRITEC_COMPILE_WORKERS` sets it)."""
+    """Workers to start, so that a graph's kernels compile side by side: half the
+    cores less the main process's, at least 1 and at most 4
+    (`REWRITEC_COMPILE_WORKERS` sets it)."""
     configured = os.environ.get("REWRITEC_COMPILE_WORKERS", "")
     if configured.isdigit() and int(configured) > 0:
         return int(configured)

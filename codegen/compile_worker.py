@@ -152,11 +152,11 @@ class Compiler:
         return jit.warmup(*args, grid=(1,), **kwargs)
 
     def warm(self, target: list[Any]) -> None:
-        directory = Path(tempfile.mkdtemp(prefix="rewritec-warm-"))
-        path = directory / "rewritec_warm.py"
-        path.write_text(WARM_SOURCE)
-        self.compile(str(path), "rewritec_warm", target,
-                     [Pointer("float32", 0), Pointer("float32", 0), 4096], {"BLOCK": 1024})
+        with tempfile.TemporaryDirectory(prefix="rewritec-warm-") as directory:
+            path = Path(directory) / "rewritec_warm.py"
+            path.write_text(WARM_SOURCE)
+            self.compile(str(path), "rewritec_warm", target,
+                         [Pointer("float32", 0), Pointer("float32", 0), 4096], {"BLOCK": 1024})
 
 
 def answer(compiled: Any) -> dict[str, Any]:
