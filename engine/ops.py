@@ -8,7 +8,6 @@ pointwise expressions from it. It is plain data: no torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +112,20 @@ def load_op_table(path: Path | None = None) -> OpTable:
     return OpTable(ops)
 
 
-@cache
+_default: OpTable | None = None
+
+
 def default_op_table() -> OpTable:
-    return load_op_table()
+    """The built-in op table (`rules/ops.yaml`): the parsed copy kept with the parsed
+    rules when rulesets.py has handed it over, else parsed here once."""
+    global _default
+    if _default is None:
+        _default = load_op_table()
+    return _default
+
+
+def use_default_op_table(table: OpTable) -> None:
+    """Serve `table` (parsed from `rules/ops.yaml` as it is now) as the default."""
+    global _default
+    if _default is None:
+        _default = table

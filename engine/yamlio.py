@@ -10,17 +10,20 @@ messages the golden errors in tests/bad_rules/ hold.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from .errors import RuleError, Where
+
+if TYPE_CHECKING:
+    import yaml
 
 Lines = dict[tuple[Any, ...], int]
 
 
 def load_yaml(path: Path | str, text: str | None = None) -> tuple[Any, Lines]:
     """Parse a YAML file; return the data and a map from key path to line."""
+    import yaml  # here: a compilation reads parsed tables (rulesets.py), not YAML
+
     path = str(path)
     if text is None:
         try:
@@ -66,6 +69,8 @@ _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in
 
 def _rule_name(node: yaml.MappingNode) -> str | None:
     """The `name:` of a rule mapping, read before building it, for error messages."""
+    import yaml
+
     for key_node, value_node in node.value:
         if isinstance(key_node, yaml.ScalarNode) and key_node.value == "name" \
                 and isinstance(value_node, yaml.ScalarNode):
@@ -79,6 +84,8 @@ def _where(file: str, node: yaml.Node, rule: str | None) -> Where:
 
 def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], lines: Lines,
            file: str, rule: str | None = None) -> Any:
+    import yaml
+
     lines[path] = node.start_mark.line + 1
     if node.tag not in _PLAIN_TAGS:
         tag = node.tag.replace("tag:yaml.org,2002:", "!!")

@@ -14,7 +14,6 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions
 
-from ..engine.ops import default_op_table
 from .aten import overload
 
 # Outside core ATen's post-autograd list but in export's default table, which
@@ -42,8 +41,10 @@ def _core_aten() -> dict[Any, Any]:
 
 @cache
 def decomposition_table() -> dict[Any, Any]:
+    from ..rulesets import builtin_op_table  # kept parsed with the rules: no YAML read
+
     table = _core_aten()
-    for name in default_op_table().by_aten:
+    for name in builtin_op_table().by_aten:
         op = overload(name)
         table.pop(op, None)
         table.pop(op.overloadpacket, None)
