@@ -222,13 +222,13 @@ def start() -> bool:
         if _workers and _workers[0].pid != os.getpid():
             _workers.clear()  # this is a fork: those workers answer the parent
         if not _workers:
-            if not enabled():
-                return False
-            key, target = triton_key(), current_target()
             try:
+                if not enabled():
+                    return False
+                key, target = triton_key(), current_target()
                 for _ in range(pool_size()):
                     _workers.append(Worker(key, target))
-            except (OSError, RuntimeError, ValueError):
+            except Exception:  # noqa: BLE001 - no worker: kernels compile at their launch
                 pass  # those that started serve
             for worker in _workers:
                 atexit.register(worker.close)

@@ -532,3 +532,16 @@ def test_a_graphs_kernels_wait_for_their_jobs_under_the_calls_they_are_launched_
     compiled(*inputs)
     assert (kernels[0], next(iter(kernels[0].pending))) in launched
     assert not any(k.pending for k in kernels[1:])
+
+
+def test_workers_that_cannot_start_leave_compiling_as_it_was(monkeypatch) -> None:
+    """The backend starts the workers when it is imported: nothing there may raise."""
+    monkeypatch.setattr(ahead, "_workers", [])
+    monkeypatch.setattr(ahead, "enabled", lambda: True)
+    monkeypatch.setattr(ahead, "current_target", lambda: SM90)
+
+    def broken() -> str:
+        raise OSError("Triton's files went away")
+
+    monkeypatch.setattr(ahead, "triton_key", broken)
+    assert ahead.start() is False and not ahead.running()
