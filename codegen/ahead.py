@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import collections
 import importlib.util
 import json
 import os
@@ -87,7 +88,9 @@ class Worker:
     """The child process and the thread that reads its answers."""
 
     def __init__(self, triton_key: str | None, warm: tuple[str, int, int] | None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None,
+                 on_idle: Callable[[], None] | None = None) -> None:
+        self.on_idle = on_idle  # the pool's dispatcher: ready, or a job answered
         self.jobs: dict[int, Job] = {}
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()  # graphs compiled on two threads send whole lines
@@ -125,11 +128,13 @@ class Worker:
                 reply = json.loads(line)
                 if reply.get("ready"):
                     self.ready.set()
-                    continue
-                with self.lock:
-                    job = self.jobs.pop(reply.get("id"), None)
-                if job is not None:
-                    job.finish(reply)
+                else:
+                    with self.lock:
+                        job = self.jobs.pop(reply.get("id"), None)
+                    if job is not None:
+                        job.finish(reply)
+                if self.on_idle is not None:
+                    self.on_idle()
         except (OSError, ValueError) as e:
             self._fail(f"unreadable answer: {e}")
             return
@@ -141,10 +146,13 @@ class Worker:
             jobs, self.jobs = list(self.jobs.values()), {}
         for job in jobs:
             job.finish(None, why)
+        if self.on_idle is not None:
+            self.on_idle()  # what waits for a worker goes to another, or fails
 
     def submit(self, path: str, symbol: str, target: tuple[str, int, int],
-               args: list[dict[str, Any]], kwargs: dict[str, Any]) -> Job:
-        job = Job(target)
+               args: list[dict[str, Any]], kwargs: dict[str, Any],
+               job: Job | None = None) -> Job:
+        job = job or Job(target)
         with self.lock:
             if self.dead is not None:
                 job.finish(None, self.dead)
@@ -167,8 +175,12 @@ class Worker:
             self.proc.kill()
 
 
-_lock = threading.Lock()
+# The pool: its workers and the jobs waiting for one. A job goes to a worker that is
+# ready (Triton imported) and idle, so a worker still starting takes no job another
+# will be free for sooner; while none is ready yet, to any idle one.
+_lock = threading.RLock()  # a worker's failure, inside a dispatch, dispatches again
 _workers: list[Worker] = []
+_queue: collections.deque[tuple[Job, tuple[Any, ...]]] = collections.deque()
 
 
 def pool_size() -> int:
@@ -217,22 +229,37 @@ def triton_key() -> str | None:
 
 
 def start() -> bool:
-    """Start the workers (once per process) where `enabled()`; whether one runs."""
+    """Start the first worker (once per process) where `enabled()`; whether one runs.
+    More start when a graph has more kernels than workers (`grow`)."""
     with _lock:
         if _workers and _workers[0].pid != os.getpid():
             _workers.clear()  # this is a fork: those workers answer the parent
+            _queue.clear()
         if not _workers:
             try:
                 if not enabled():
                     return False
-                key, target = triton_key(), current_target()
-                for _ in range(pool_size()):
-                    _workers.append(Worker(key, target))
+                _spawn(current_target())
             except Exception:  # noqa: BLE001 - no worker: kernels compile at their launch
-                pass  # those that started serve
-            for worker in _workers:
-                atexit.register(worker.close)
+                pass
     return running()
+
+
+def _spawn(warm: tuple[str, int, int] | None) -> None:
+    worker = Worker(triton_key(), warm, on_idle=_dispatch)
+    _workers.append(worker)
+    atexit.register(worker.close)
+
+
+def grow(kernels: int) -> None:
+    """Up to `pool_size()` workers for a graph of `kernels` kernels. The new ones skip
+    the warm-up compile: jobs are waiting for them."""
+    with _lock:
+        try:
+            while len(_alive()) < min(kernels, pool_size()):
+                _spawn(None)
+        except Exception:  # noqa: BLE001 - those that started serve
+            pass
 
 
 def _alive() -> list[Worker]:
@@ -245,12 +272,33 @@ def running() -> bool:
 
 def submit(path: str, symbol: str, target: tuple[str, int, int], args: list[dict[str, Any]],
            kwargs: dict[str, Any]) -> Job | None:
-    """Send one kernel to the least busy worker; None where none runs."""
-    alive = _alive()
-    if not alive:
+    """Queue one kernel for the pool; None where no worker runs."""
+    if not running():
         return None
-    worker = min(alive, key=lambda w: len(w.jobs))
-    return worker.submit(path, symbol, target, args, kwargs)
+    job = Job(target)
+    with _lock:
+        _queue.append((job, (path, symbol, target, args, kwargs)))
+    _dispatch()
+    return job
+
+
+def _dispatch() -> None:
+    """Hand waiting jobs to idle workers, ready ones first (see `_queue`)."""
+    with _lock:
+        while _queue:
+            alive = _alive()
+            if not alive:
+                for job, _ in _queue:
+                    job.finish(None, "no compile worker runs")
+                _queue.clear()
+                return
+            idle = [w for w in alive if not w.jobs]
+            if any(w.ready.is_set() for w in alive):
+                idle = [w for w in idle if w.ready.is_set()]
+            if not idle:
+                return
+            job, (path, symbol, target, args, kwargs) = _queue.popleft()
+            idle[0].submit(path, symbol, target, args, kwargs, job=job)
 
 
 def encode(value: Any) -> dict[str, Any] | None:
@@ -334,8 +382,9 @@ def submit_graph(graph: Any, launchers: dict[Any, Any]) -> int:
         return 0
     target = current_target()
     sent = 0
-    for kernel, grid, args, kwargs in predict(graph, launchers,
-                                              lambda v: isinstance(v, DirectKernel)):
+    calls = predict(graph, launchers, lambda v: isinstance(v, DirectKernel))
+    grow(len(calls))
+    for kernel, grid, args, kwargs in calls:
         if kernel.path is None or kernel.binaries is None or type(grid) is not tuple:
             continue
         encoded = [e for e in (encode(a) for a in args) if e is not None]

@@ -126,7 +126,8 @@ def parallel(n: int, workers: int, path: str) -> None:
         for args, kwargs in jobs:
             compiler.compile(path, "k0_chain", list(SM90), [cw.decode(a) for a in args], kwargs)
     else:
-        pool = [ahead.Worker(ahead.triton_key(), SM90) for _ in range(workers)]
+        pool = [ahead.Worker(ahead.triton_key(), SM90, on_idle=ahead._dispatch)
+                for _ in range(workers)]
         for w in pool:
             w.ready.wait()
         ahead._workers[:] = pool

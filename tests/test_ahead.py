@@ -416,21 +416,84 @@ def test_job_answers_read_as_compiled_kernels() -> None:
 
 
 LISTENER = [sys.executable, "-c", "import sys\nfor line in sys.stdin: pass"]
+ANSWERING = [sys.executable, "-c", textwrap.dedent("""
+    import json, sys, time
+    sys.stdin.readline()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        time.sleep(0.05)
+        job = json.loads(line)
+        print(json.dumps({"id": job["id"], "ok": False, "error": "by the ready one"}),
+              flush=True)
+""")]
 
 
-def test_jobs_go_to_the_least_busy_worker_of_this_process(monkeypatch) -> None:
-    workers = [ahead.Worker(None, None, command=LISTENER) for _ in range(2)]
-    monkeypatch.setattr(ahead, "_workers", workers)
-    try:
-        for _ in range(3):
-            assert ahead.submit("k.py", "k", SM90, [], {}) is not None
-        assert sorted(len(w.jobs) for w in workers) == [1, 2] and ahead.running()
-        for w in workers:  # as a forked child sees its parent's workers
-            w.pid += 1
-        assert not ahead.running() and ahead.submit("k.py", "k", SM90, [], {}) is None
-    finally:
-        for w in workers:
-            w.close()
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Workers of stand-in commands in a pool of their own."""
+    made: list[ahead.Worker] = []
+    monkeypatch.setattr(ahead, "_workers", made)
+    monkeypatch.setattr(ahead, "_queue", __import__("collections").deque())
+
+    def add(command: list[str]) -> ahead.Worker:
+        worker = ahead.Worker(None, None, command=command, on_idle=ahead._dispatch)
+        made.append(worker)
+        return worker
+
+    yield add
+    for w in made:
+        w.close()
+
+
+def test_jobs_wait_for_the_ready_worker_rather_than_one_still_starting(pool) -> None:
+    ready, starting = pool(ANSWERING), pool(LISTENER)  # the second never gets ready
+    assert ready.ready.wait(30)
+    jobs = [ahead.submit("k.py", "k", SM90, [], {}) for _ in range(3)]
+    for job in jobs:
+        assert job is not None and job.wait(30) is None and job.error == "by the ready one"
+    assert not starting.jobs
+
+
+def test_before_any_worker_is_ready_each_idle_one_takes_a_job(pool) -> None:
+    workers = [pool(LISTENER), pool(LISTENER)]
+    jobs = [ahead.submit("k.py", "k", SM90, [], {}) for _ in range(3)]
+    assert [len(w.jobs) for w in workers] == [1, 1] and len(ahead._queue) == 1
+    for w in workers:  # both die: what they had, and what waited, fails at once
+        w.proc.kill()
+    for job in jobs:
+        assert job is not None and job.wait(30) is None and job.error
+    assert not ahead._queue
+
+
+def test_a_forked_child_does_not_use_its_parents_workers(pool) -> None:
+    worker = pool(LISTENER)
+    assert ahead.running()
+    worker.pid += 1  # as a forked child sees its parent's worker
+    assert not ahead.running() and ahead.submit("k.py", "k", SM90, [], {}) is None
+
+
+def test_a_graph_of_several_kernels_grows_the_pool(monkeypatch) -> None:
+    started: list[Any] = []
+
+    class Started:
+        def __init__(self, key: Any, warm: Any, on_idle: Any = None) -> None:
+            started.append(warm)
+            self.dead, self.pid, self.jobs = None, ahead.os.getpid(), {}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(ahead, "Worker", Started)
+    monkeypatch.setattr(ahead, "_workers", [])
+    monkeypatch.setattr(ahead, "triton_key", lambda: None)
+    monkeypatch.setattr(ahead, "pool_size", lambda: 3)
+    monkeypatch.setattr(ahead, "enabled", lambda: True)
+    monkeypatch.setattr(ahead, "current_target", lambda: SM90)
+    assert ahead.start() and started == [SM90]  # one, warmed up, to begin with
+    ahead.grow(1)
+    assert len(started) == 1
+    ahead.grow(8)  # the rest, up to the pool's size, without a warm-up: jobs wait
+    assert started == [SM90, None, None]
 
 
 @pytest.mark.parametrize("setting,cpus,size", [("", 16, 4), ("", 2, 1), ("", 5, 2),
