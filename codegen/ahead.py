@@ -8,15 +8,16 @@ that beside the main thread: both hold the GIL for most of their work (on the
 2-core CPU machine a compile on a thread beside a busy main thread took 6.4 s
 instead of 0.08).
 
-So worker processes (codegen/compile_worker.py, which imports neither torch nor
-rewritec; `pool_size()` of them) are started when the backend is first looked up
-in a process that uses CUDA, or at the latest when a CUDA graph arrives. Each
-imports Triton and, unless a job is already waiting, compiles a small kernel
-while the graph is traced and rewritten, paying Triton's first-compile costs there.
-Once a graph's kernels are rendered, `submit_graph` runs the graph's launchers on
-meta tensors (sizes, strides and dtypes, no data) to learn the exact arguments of
-each kernel's first launch (0.6 ms for a layer_norm graph), and sends each kernel
-to the least busy worker. At that launch, `DirectKernel`
+So a worker process (codegen/compile_worker.py, which imports neither torch nor
+rewritec) is started when the backend is first looked up in a process that uses
+CUDA, or at the latest when a CUDA graph arrives. It imports Triton and, unless a
+job is already waiting, compiles a small kernel while the graph is traced and
+rewritten, paying Triton's first-compile costs there. Once a graph's kernels are
+rendered, `submit_graph` runs the graph's launchers on meta tensors (sizes, strides
+and dtypes, no data) to learn the exact arguments of each kernel's first launch
+(0.6 ms for a layer_norm graph), starts more workers if the graph has more kernels
+than there are workers (up to `pool_size()`), and queues each kernel for the pool,
+which hands it to a ready, idle worker. At that launch, `DirectKernel`
 (codegen/triton_direct.py) takes the worker's binary, stores it as
 codegen/static_launch.py stores any binary, and launches it through torch's static
 launcher: the main process compiles nothing and never starts Triton's compiler.
