@@ -304,8 +304,10 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS \
             and t.meta.dtype != "f64"
     if t.op in MATMULS:
-        # only the Triton matmul template computes products; on the CPU they stay with BLAS
+        # only the Triton matmul template computes products; on the CPU they stay with BLAS.
+        # It accumulates in float32: an f64 product would lose its precision.
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS \
+            and t.meta.dtype != "f64" \
             and all(a.meta.kind == "tensor" and a.meta.dtype == t.meta.dtype for a in t.args)
     if t.op in RESHAPES:
         # inside a matmul kernel a reshape of the product is a renaming (MatmulSpace)

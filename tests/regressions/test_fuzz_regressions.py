@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import rewritec
+from rewritec import report
 import torch
 from fuzz_graphs import Graph, Input, Op, check_graph
 
@@ -421,3 +422,31 @@ def test_bf16_convolution_of_infinite_inputs(options: dict) -> None:
         Op('conv2d', (0, 1), (1, 1, 1, 1)),
     )), options)
 
+
+
+# --------------------------------------------------------------------------- matmul kernels
+# Found by scripts/fuzz_long.py (seed 31337, target triton). fuse-matmul's guard
+# (dtype(root) != f32) let an f64 product into the matmul template, which accumulates
+# in float32: under the interpreter the result was garbage (1.6e-314 for -1.80).
+# Fixed: codegen/kernels.py:can_compile keeps f64 products out of kernels.
+@pytest.mark.parametrize("options", [ATEN, AUTO, triton()], ids=lambda o: o["target"])
+def test_f64_matmul_with_a_bias(options: dict) -> None:
+    check_graph(Graph((
+        Input((1, 1, 1), 'f64'),
+        Input((1, 1), 'f64'),
+        Op('matmul', (0, 1)),
+        Input((1,), 'f64'),
+        Op('add', (2, 3), (1,)),
+    )), options)
+
+
+@needs_interpreter
+def test_f64_linear_relu_is_not_a_matmul_kernel() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.nn.functional.linear(x, w, b))
+
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((6, 5), (4, 5), (4,)))
+    report.reset()
+    got = rewritec.compile(f, target="triton", strict=True)(x, w, b)
+    torch.testing.assert_close(got, f(x, w, b))
+    assert not [k for r in report.RECORDS for k in r.kernels if "matmul" in str(k)]
