@@ -253,11 +253,12 @@ def _spawn(warm: tuple[str, int, int] | None) -> None:
 
 
 def grow(kernels: int) -> None:
-    """Up to `pool_size()` workers for a graph of `kernels` kernels. The new ones skip
-    the warm-up compile: jobs are waiting for them."""
+    """Up to `pool_size()` workers for a graph of `kernels` kernels, where `start` has
+    started the pool (it alone checks `enabled()`). The new ones skip the warm-up
+    compile: jobs are waiting for them."""
     with _lock:
         try:
-            while len(_alive()) < min(kernels, pool_size()):
+            while _alive() and len(_alive()) < min(kernels, pool_size()):
                 _spawn(None)
         except Exception:  # noqa: BLE001 - those that started serve
             pass

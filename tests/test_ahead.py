@@ -45,6 +45,14 @@ def mixed(x_ptr, y_ptr, out_ptr, n, stride, scale, FLAG: tl.constexpr, BLOCK: tl
 '''
 
 
+@pytest.fixture(autouse=True)
+def _no_worker_left_behind() -> Any:
+    """A worker left in the pool would have every later test's CUDA-less kernels sent
+    to it (prepare_kernels asks `ahead.running()`)."""
+    yield
+    assert not ahead._workers, "a test left a compile worker in the pool"
+
+
 @pytest.fixture(scope="module")
 def triton_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Triton cache of the module's own: a cached binary names the file its
@@ -489,6 +497,8 @@ def test_a_graph_of_several_kernels_grows_the_pool(monkeypatch) -> None:
     monkeypatch.setattr(ahead, "pool_size", lambda: 3)
     monkeypatch.setattr(ahead, "enabled", lambda: True)
     monkeypatch.setattr(ahead, "current_target", lambda: SM90)
+    ahead.grow(8)
+    assert started == []  # no pool to grow: only start starts one
     assert ahead.start() and started == [SM90]  # one, warmed up, to begin with
     ahead.grow(1)
     assert len(started) == 1
