@@ -450,3 +450,23 @@ def test_f64_linear_relu_is_not_a_matmul_kernel() -> None:
     got = rewritec.compile(f, target="triton", strict=True)(x, w, b)
     torch.testing.assert_close(got, f(x, w, b))
     assert not [k for r in report.RECORDS for k in r.kernels if "matmul" in str(k)]
+
+
+# --------------------------------------------------------------------------- pow
+# Found by scripts/fuzz_long.py (seed 1618, targets auto and triton). pow-half
+# (rules/decompose/pow.yaml) rewrote x ** 0.5 to sqrt(x) in f16 on the CPU, where ATen
+# calls pow: eager gives inf for -inf and 0.0 for -0.0, sqrt nan and -0.0. Fixed: the
+# rule's guard leaves f16 CPU tensors alone (ATen itself uses sqrt everywhere else).
+@TARGETS
+def test_f16_square_root_of_negative_infinity(options: dict) -> None:
+    check_graph(Graph((
+        Input((1, 1, 5), 'f16', 'contig', 'special'),
+        Op('pow', (0,), (0.5,)),
+    )), options)
+
+
+def test_f16_square_root_of_negative_infinity_plain() -> None:
+    x = torch.tensor([-float("inf"), -0.0, 4.0, float("nan")], dtype=torch.float16)
+    got = rewritec.compile(lambda t: t ** 0.5, strict=True, target="aten")(x)
+    torch.testing.assert_close(got, x ** 0.5, equal_nan=True)
+    assert got[0].item() == float("inf") and not torch.signbit(got[1])
