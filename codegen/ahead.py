@@ -42,6 +42,7 @@ from __future__ import annotations
 import atexit
 import base64
 import collections
+import functools
 import importlib.util
 import json
 import os
@@ -205,11 +206,13 @@ def enabled() -> bool:
             and static_launch.available())
 
 
-def current_target() -> tuple[str, int, int]:
-    major, minor = torch.cuda.get_device_capability()
+def current_target(device: int | None = None) -> tuple[str, int, int]:
+    """Triton's target for the CUDA device (the current one by default)."""
+    major, minor = torch.cuda.get_device_capability(device)
     return ("cuda", major * 10 + minor, 32)
 
 
+@functools.cache
 def triton_key() -> str | None:
     """A key for the workers' Triton cache, made as codegen/triton_startup.py makes
     this process's (a fingerprint of Triton's files) without importing Triton: Triton's

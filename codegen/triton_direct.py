@@ -162,9 +162,10 @@ class DirectKernel:
         job = self.pending.pop(call, None)
         if job is None:
             return None
+        from .ahead import current_target
+
         compiled = job.wait()
-        major, minor = torch.cuda.get_device_capability(device)
-        if compiled is None or job.target[1] != major * 10 + minor:
+        if compiled is None or job.target != current_target(device):
             return None
         run = self.binaries.keep(call, device, compiled, n_args, grid)
         if run is not None:
