@@ -1,7 +1,8 @@
 """The compile worker: a child process that compiles Triton kernels for rewritec.
 
 Run as a script (`python compile_worker.py`) by codegen/ahead.py; it imports
-neither torch nor rewritec, so it is ready in the time Triton takes to import.
+neither torch nor rewritec (it keeps torch out: `NoTorch`), so it is ready in the
+time Triton takes to import.
 While the parent's TorchDynamo traces and its rules rewrite, the worker imports
 Triton's compiler and compiles a small kernel once (Triton's first compile in a
 process pays for its own start-up); once the parent has rendered a kernel and
@@ -95,6 +96,19 @@ class TargetDriver:
 
     def is_active(self) -> bool:
         return True
+
+
+class NoTorch:
+    """An import finder that says torch is not installed. Triton's argument
+    specialization (native_specialize_impl, Triton 3.6) imports torch where it can,
+    to know its tensors: over a second in a CUDA build, before the first job
+    compiles. The worker's arguments are stand-ins, so torch stays out; Triton then
+    specializes them as where torch is not installed."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"no module named {name!r} in the compile worker",
+                                      name=name)
 
 
 def decode(arg: dict[str, Any]) -> Any:
@@ -192,6 +206,7 @@ def main() -> int:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
+    sys.meta_path.insert(0, NoTorch())
     lines = Lines(sys.stdin.fileno())
     hello = json.loads(lines.readline() or "{}")
     compiler = Compiler(hello.get("triton_key"))

@@ -53,8 +53,12 @@ class KernelSpec:
         return "f64" if "f64" in dtypes else "f32"
 
     def for_launch(self) -> KernelSpec:
-        """This spec without its terms: what launching needs, and all a cache stores."""
-        return replace(self, body=[], root=None, compute_dtype=self.compute)  # type: ignore[arg-type]
+        """This spec without its terms: what launching needs, and all a cache stores.
+        Launch geometries cached on the spec (launch.cached_geometry: codegen/ahead.py
+        predicts a first launch before the graph is stored) are left to be remade."""
+        meta = {k: v for k, v in self.meta.items() if k != "geometry"}
+        return replace(self, body=[], root=None, compute_dtype=self.compute,  # type: ignore[arg-type]
+                       meta=meta)
 
 
 def block_pow2(n: int) -> int:

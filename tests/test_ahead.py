@@ -26,6 +26,8 @@ from rewritec.codegen import ahead, static_launch
 from rewritec.codegen.triton_direct import DirectKernel, call_key
 
 SM90 = ("cuda", 90, 32)
+# Triton kernels run on the GPU where there is one, else in Triton's interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 KERNEL = '''\
 import triton
@@ -47,10 +49,12 @@ def mixed(x_ptr, y_ptr, out_ptr, n, stride, scale, FLAG: tl.constexpr, BLOCK: tl
 
 @pytest.fixture(autouse=True)
 def _no_worker_left_behind() -> Any:
-    """A worker left in the pool would have every later test's CUDA-less kernels sent
-    to it (prepare_kernels asks `ahead.running()`)."""
+    """Without CUDA, a worker left in the pool would have every later test's kernels
+    sent to it (prepare_kernels asks `ahead.running()`). With CUDA, the first CUDA
+    graph starts the pool and it serves every later test, as in any process."""
     yield
-    assert not ahead._workers, "a test left a compile worker in the pool"
+    assert torch.cuda.is_available() or not ahead._workers, \
+        "a test left a compile worker in the pool"
 
 
 @pytest.fixture(scope="module")
@@ -255,13 +259,16 @@ def _total(x: torch.Tensor) -> torch.Tensor:
     return (x * x).sum()
 
 
+def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
 CASES = {
-    "pointwise": (_gelu_bias, lambda: (torch.randn(16, 96), torch.randn(96))),
-    "pointwise_transposed": (_gelu_bias, lambda: (torch.randn(96, 16).t(), torch.randn(96))),
-    "row_then_column": (_softmax_then_sum, lambda: (torch.randn(8, 300),)),
-    "looped_row": (_layer_norm, lambda: (torch.randn(3, 2500), torch.randn(2500),
-                                         torch.randn(2500))),
-    "split_reduction": (_total, lambda: (torch.randn(64, 1024),)),
+    "pointwise": (_gelu_bias, lambda: (_randn(16, 96), _randn(96))),
+    "pointwise_transposed": (_gelu_bias, lambda: (_randn(96, 16).t(), _randn(96))),
+    "row_then_column": (_softmax_then_sum, lambda: (_randn(8, 300),)),
+    "looped_row": (_layer_norm, lambda: (_randn(3, 2500), _randn(2500), _randn(2500))),
+    "split_reduction": (_total, lambda: (_randn(64, 1024),)),
 }
 
 
@@ -274,8 +281,8 @@ def test_predicted_first_launches_are_the_launches(case, monkeypatch) -> None:
 
 
 def test_a_misaligned_input_is_not_the_predicted_call(monkeypatch) -> None:
-    x = torch.randn(16 * 96 + 1)[1:].view(16, 96)  # 4 bytes past an aligned address
-    predicted, actual, _ = _graphs(_gelu_bias, x, torch.randn(96), monkeypatch=monkeypatch)
+    x = _randn(16 * 96 + 1)[1:].view(16, 96)  # 4 bytes past an aligned address
+    predicted, actual, _ = _graphs(_gelu_bias, x, _randn(96), monkeypatch=monkeypatch)
     (p_kernel, p_grid, p_call), = predicted
     (a_kernel, a_grid, a_call), = actual
     assert p_kernel is a_kernel and p_grid == a_grid and p_call != a_call
@@ -524,11 +531,11 @@ def _cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 TEMPLATES = {
     **CASES,
-    "matmul": (_linear_relu, lambda: (torch.randn(24, 16, dtype=torch.float16),
-                                      torch.randn(32, 16, dtype=torch.float16),
-                                      torch.randn(32, dtype=torch.float16))),
+    "matmul": (_linear_relu, lambda: (_randn(24, 16, dtype=torch.float16),
+                                      _randn(32, 16, dtype=torch.float16),
+                                      _randn(32, dtype=torch.float16))),
     "attention": (_cross_attention, lambda: tuple(
-        torch.randn(2, 3, t, 16, dtype=torch.float16) for t in (9, 21, 21))),
+        _randn(2, 3, t, 16, dtype=torch.float16) for t in (9, 21, 21))),
 }
 
 
@@ -590,7 +597,9 @@ def test_a_graphs_kernels_wait_for_their_jobs_under_the_calls_they_are_launched_
     (graph, launchers), = captured
     kernels = [k for launcher in launchers.values() for k in vars(launcher).values()
                if isinstance(k, DirectKernel)]
-    kernels[0].binaries = object()  # as on a GPU; the others have none, as here
+    kernels[0].binaries = object()  # as on a GPU; the others have none (no static launcher)
+    for k in kernels[1:]:
+        k.binaries = None
     sent: list[Any] = []
     monkeypatch.setattr(ahead, "running", lambda: True)
     monkeypatch.setattr(ahead, "current_target", lambda: SM90)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -106,6 +107,31 @@ def test_a_half_precision_product_with_its_epilogue_is_loaded(bias, aot_calls) -
     assert (cold.cached, warm.cached) == (False, True)
     assert any(k["template"] == "triton/matmul" for k in cold.kernels)
     assert warm.kernels == cold.kernels
+
+
+@pytest.mark.parametrize("fn", [_norm_chain, _softmax_gelu])
+def test_a_graph_whose_first_launches_were_predicted_is_loaded(fn, aot_calls, monkeypatch
+                                                               ) -> None:
+    """On a GPU the compile workers are sent each kernel's first launch, predicted by
+    running the launchers on meta tensors before the graph is stored
+    (codegen/ahead.py): the launch geometries that leaves on the kernels' specs once
+    made every such graph unloadable (torch.Size is no graph-cache value)."""
+    from rewritec.codegen import ahead
+    from rewritec.codegen.triton_direct import DirectKernel
+
+    predicted: list[Any] = []
+    monkeypatch.setattr(ahead, "running", lambda: True)
+    monkeypatch.setattr(ahead, "submit_graph", lambda graph, launchers: predicted.extend(
+        ahead.predict(graph, launchers, lambda v: isinstance(v, DirectKernel))) or 0)
+    x = torch.randn(6, 40, device=TRITON_DEVICE)
+    w = torch.randn(40, device=TRITON_DEVICE)
+    with torch.no_grad():
+        first, second = _compile_twice(fn, (x, w), target="triton")
+        expected = fn(x, w)
+    assert predicted, "no first launch was predicted"
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(second, expected)
+    assert len(aot_calls) == 1, "the second compile went through AOTAutograd"
 
 
 @pytest.mark.parametrize("layout", [(6, 40), (40, 6)])

@@ -244,13 +244,15 @@ GPU_SCRIPT = """
 import sys, torch
 from rewritec import report
 from rewritec.codegen import triton_direct
-jitted = []  # compiles: JIT launches and binaries compiled ahead of their launch
-def counting(real):
+jitted = []  # compiles: JIT launches, binaries compiled ahead of their launch, by the JIT
+def counting(real):  # or by the compile worker (codegen/ahead.py)
     def counted(self, *a):
-        jitted.append(1)
-        return real(self, *a)
+        run = real(self, *a)
+        if run is not None or real.__name__ == "_jit":
+            jitted.append(1)
+        return run
     return counted
-for name in ("_jit", "_compile_ahead"):
+for name in ("_jit", "_compile_ahead", "_from_worker"):
     setattr(triton_direct.DirectKernel, name, counting(getattr(triton_direct.DirectKernel, name)))
 torch.manual_seed(0)
 d = "cuda"
@@ -287,6 +289,8 @@ def test_a_new_process_launches_stored_binaries_without_loading_kernels(tmp_path
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         seen.append(proc.stdout.split("RESULT")[-1].split())
-    (cached0, jitted0, loaded0, kernels0), (cached1, jitted1, loaded1, kernels1) = seen
-    assert (cached0, loaded0) == ("False", "True") and int(jitted0) >= int(kernels0) >= 5
+    (cached0, jitted0, _, kernels0), (cached1, jitted1, loaded1, kernels1) = seen
+    # the first process compiles every kernel: the compile workers (codegen/ahead.py)
+    # without loading its module here, else the JIT
+    assert cached0 == "False" and int(jitted0) >= int(kernels0) >= 5
     assert (cached1, jitted1, loaded1, kernels1) == ("True", "0", "False", kernels0)
