@@ -175,6 +175,11 @@ class Worker:
             self.proc.wait(timeout=0.2)
         except (OSError, ValueError, subprocess.TimeoutExpired):
             self.proc.kill()
+        # its output, once the reader has read to the end (else Python warns of an
+        # unclosed file at exit, one a worker)
+        self.reader.join(timeout=0.2)
+        if not self.reader.is_alive() and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 # The pool: its workers and the jobs waiting for one. A job goes to a worker that is

@@ -469,6 +469,14 @@ def test_jobs_wait_for_the_ready_worker_rather_than_one_still_starting(pool) -> 
     assert not starting.jobs
 
 
+def test_a_closed_worker_leaves_no_pipe_open(pool) -> None:
+    worker = pool(ANSWERING)
+    assert worker.ready.wait(30)
+    worker.close()
+    assert worker.proc.poll() is not None
+    assert worker.proc.stdin.closed and worker.proc.stdout.closed
+
+
 def test_before_any_worker_is_ready_each_idle_one_takes_a_job(pool) -> None:
     workers = [pool(LISTENER), pool(LISTENER)]
     jobs = [ahead.submit("k.py", "k", SM90, [], {}) for _ in range(3)]
