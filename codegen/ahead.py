@@ -23,10 +23,10 @@ codegen/static_launch.py stores any binary, and launches it through torch's stat
 launcher: the main process compiles nothing and never starts Triton's compiler.
 
 What it buys: a graph's kernels compile side by side (8 kernels on the 2-core CPU
-machine, two workers: 0.25-0.29 s against 0.49 in one process). A graph of one
-kernel still waits for that kernel's compile after rendering it; the warm-up takes
-Triton's first-compile costs off that path only when tracing lasts long enough
-(scripts/compile_worker_sim.py measures both).
+machine, two workers: 0.25-0.29 s against 0.49 in one process), and Triton's import
+and first-compile costs overlap the main thread's tracing. On an H100 host a cold
+one-kernel graph took 0.32-0.56 s with the workers against 0.38-0.67 s without
+(benchmarks/results/cuda.md; scripts/compile_worker_sim.py simulates both on a CPU).
 
 A binary is used only for the call it was compiled for (the same key as every
 stored binary: each argument's dtype and address modulo 16, every integer's
