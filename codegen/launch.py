@@ -26,7 +26,7 @@ from . import static_launch
 from .attention_launch import attention_launch
 from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
-from .spec import KernelSpec, block_pow2, chunk
+from .spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
 from .triton_direct import DirectKernel
 
 
@@ -261,7 +261,7 @@ def cached_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     compiled graph sees the same few each call): a launch geometry costs more
     Python time than the launch itself (torch.broadcast_shapes alone ~30 us)."""
     key = tuple((x.shape, x.stride()) for x in inputs)
-    cache = spec.meta.setdefault("geometry", {})
+    cache = spec.meta.setdefault(GEOMETRY_CACHE, {})
     geometry = cache.get(key)
     if geometry is None:
         geometry = compute(spec, inputs)

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from ..engine.term import Term
 
 
+# The key of `meta` under which launch.cached_geometry keeps a spec's launch
+# geometries: a run-time cache, never stored with the spec (`for_launch`).
+GEOMETRY_CACHE = "geometry"
+
+
 @dataclass
 class KInput:
     name: str  # in0, in1, ...
@@ -56,7 +61,7 @@ class KernelSpec:
         """This spec without its terms: what launching needs, and all a cache stores.
         Launch geometries cached on the spec (launch.cached_geometry: codegen/ahead.py
         predicts a first launch before the graph is stored) are left to be remade."""
-        meta = {k: v for k, v in self.meta.items() if k != "geometry"}
+        meta = {k: v for k, v in self.meta.items() if k != GEOMETRY_CACHE}
         return replace(self, body=[], root=None, compute_dtype=self.compute,  # type: ignore[arg-type]
                        meta=meta)
 
