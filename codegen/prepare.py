@@ -113,8 +113,8 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
     if target == "triton" and prepared.launchers:
         from . import ahead
 
-        if ahead.running():  # the worker compiles them while the graph is finished
-            ahead.submit_graph(prepared.graph, prepared.launchers)
+        # where workers run, they compile the kernels while the graph is finished
+        ahead.submit_graph(prepared.graph, prepared.launchers)
     return prepared
 
 
