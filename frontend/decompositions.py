@@ -53,6 +53,13 @@ def decomposition_table() -> dict[Any, Any]:
                  torch.ops.aten._softmax_backward_data.default,
                  torch.ops.aten.convolution_backward.default):
         table.pop(keep, None)
+    # Core ATen rewrites the CPU flash-attention op into the math attention, whose
+    # second output is the attention weights; the op's backward reads that output as
+    # the logsumexp, so gradients came out wrong, and under autocast its dtype broke
+    # the backward. Kept whole, as Inductor keeps it: ATen's own forward and backward.
+    sdpa_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if sdpa_cpu is not None:
+        table.pop(sdpa_cpu.default, None)
     # Core ATen turns sum.default into sum.dim_IntList over every dim, but not
     # mean.default: do the same, so `x.mean()` is the op table's `mean`.
     table[torch.ops.aten.mean.default] = _mean_all
