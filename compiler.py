@@ -140,7 +140,7 @@ def _reason(e: Exception) -> str:
 
 def _freezable(opts: Options, kind: str, params: list[bool] | None,
                values: list[Any] | None) -> dict[int, torch.Tensor] | None:
-    if opts.freeze is False or kind not in ("inference", "export") or not params or not values:
+    if not opts.freeze or kind not in ("inference", "export") or not params or not values:
         return None
     frozen = {i: v for i, (p, v) in enumerate(zip(params, values, strict=False))
               if p and isinstance(v, torch.Tensor) and not isinstance(

@@ -56,9 +56,10 @@ class Options:
     out_dir: str | None = None
     # Turn every fallback (whole graph or one group) into an error.
     strict: bool = False
-    # Fold parameters as constants: None = only for inference graphs (guarded at
-    # run time against parameter updates), True = same but required, False = never.
-    freeze: bool | None = None
+    # Fold parameters of inference graphs as constants (frontend/fold.py). Opt-in, as
+    # Inductor's freezing is: each call checks the parameters' identity, version and
+    # data pointer, but a write through `p.data` changes none of them.
+    freeze: bool = False
     # Run rewriting at all (False: capture + ATen execution only).
     rewrite: bool = True
     debug: int = 0

@@ -5,10 +5,14 @@ or frozen parameters); this module computes the value with ATen at compile
 time and wraps it as a `tensor` term.
 
 Freezing (turning parameters into constants) is only sound while the
-parameters do not change. rewritec freezes inference graphs only, and the
-compiled function checks each frozen parameter's identity and version
-counter on every call: after `optimizer.step()` or any in-place update it
-runs an unfrozen compilation of the same graph instead.
+parameters do not change, so it is opt-in (`freeze=True`), as Inductor's is,
+and applies to inference graphs only. The compiled function checks each frozen
+parameter's identity, version counter and data pointer on every call: after
+`optimizer.step()`, any in-place update or a `.data = ...` swap it runs an
+unfrozen compilation of the same graph instead. A write through `.data`
+(`p.data.mul_(0.5)`) bumps no version counter that the parameter shares, so
+no guard cheaper than reading every weight sees it: that is why freezing is
+not the default.
 """
 
 from __future__ import annotations
@@ -87,21 +91,32 @@ def is_frozen(t: Term) -> bool:
     return t.op == "tensor"
 
 
+class FrozenParams:
+    """What a frozen compilation assumed of its parameters: the same objects, at the
+    same version, over the same memory."""
+
+    def __init__(self, frozen: dict[int, torch.Tensor]) -> None:
+        self.checks = [(i, t, t._version, t.data_ptr()) for i, t in frozen.items()]
+
+    def untouched(self, args: Any) -> bool:
+        return all(args[i] is t and t._version == version and t.data_ptr() == ptr
+                   for i, t, version, ptr in self.checks)
+
+
 class FrozenGuard:
     """Calls the frozen compilation while the frozen parameters are untouched."""
 
     def __init__(self, frozen: dict[int, torch.Tensor], fast: Any,
                  make_slow: Callable[[], Any]) -> None:
-        self.checks = [(i, t, t._version) for i, t in frozen.items()]
+        self.frozen = FrozenParams(frozen)
         self.fast = fast
         self.make_slow = make_slow
         self.slow: Any = None
         self._boxed_call = True
 
     def __call__(self, args: list[Any]) -> Any:
-        for i, t, version in self.checks:
-            if args[i] is not t or t._version != version:
-                if self.slow is None:
-                    self.slow = self.make_slow()
-                return self.slow(args)
-        return self.fast(args)
+        if self.frozen.untouched(args):
+            return self.fast(args)
+        if self.slow is None:
+            self.slow = self.make_slow()
+        return self.slow(args)

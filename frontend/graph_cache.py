@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .. import report
+from .fold import FrozenParams
 
 FORMAT = 1  # bump when an entry's layout changes
 # The package folders whose bytes are part of every key.
@@ -410,7 +411,7 @@ def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts:
         fn = CudaGraphRunner(fn, params, opts.cudagraphs, log)
     frozen = {i: inputs[i] for i in entry["frozen"]}
     report.RECORDS.append(rec)  # last: an entry that fails to load leaves no record
-    return CachedGraph(fn, frozen, recompile, opts.freeze is not False)
+    return CachedGraph(fn, frozen, recompile, opts.freeze)
 
 
 def _make_tensor(ref: tuple[Any, ...], inputs: list[Any]) -> torch.Tensor:
@@ -430,7 +431,7 @@ def _kernel_failed(*inputs: Any) -> Any:
 class CachedGraph:
     """A loaded entry, called as AOTAutograd's compiled function would be (`*args`).
 
-    It checks, as frontend/fold.py's FrozenGuard does, that the frozen parameters
+    It checks, with frontend/fold.py's FrozenParams, that the frozen parameters
     are untouched; after an in-place update (or a failed kernel launch) the graph is
     compiled again the usual way and that compilation is used from then on.
     """
@@ -438,7 +439,7 @@ class CachedGraph:
     def __init__(self, fn: Any, frozen: dict[int, torch.Tensor],
                  recompile: Callable[[list[Any], bool], Any], freeze: bool) -> None:
         self.fn = fn
-        self.checks = [(i, t, t._version) for i, t in frozen.items()]
+        self.frozen = FrozenParams(frozen)
         self.recompile = recompile
         self.freeze = freeze
         self.slow: Any = None
@@ -447,10 +448,9 @@ class CachedGraph:
     def __call__(self, *args: Any) -> Any:
         if self.slow is not None:
             return self.slow(*args)
-        for i, t, version in self.checks:
-            if args[i] is not t or t._version != version:
-                self.slow = self.recompile(list(args), False)
-                return self.slow(*args)
+        if not self.frozen.untouched(args):
+            self.slow = self.recompile(list(args), False)
+            return self.slow(*args)
         try:
             return self.fn(list(args))
         except CachedKernelFailed:

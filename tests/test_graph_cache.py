@@ -164,10 +164,12 @@ def test_folds_replay_on_the_loading_models_weights(conv_layout, aot_calls) -> N
     a, b = _conv_bn(0), _conv_bn(1)
     with torch.no_grad():
         out_a = torch.compile(a, backend="rewritec",
-                              options={"strict": True, "conv_layout": conv_layout})(x)
+                              options={"strict": True, "conv_layout": conv_layout,
+                                       "freeze": True})(x)
         torch._dynamo.reset()
         out_b = torch.compile(b, backend="rewritec",
-                              options={"strict": True, "conv_layout": conv_layout})(x)
+                              options={"strict": True, "conv_layout": conv_layout,
+                                       "freeze": True})(x)
         torch.testing.assert_close(out_a, a(x))
         torch.testing.assert_close(out_b, b(x))
     assert len(aot_calls) == 1
@@ -195,9 +197,9 @@ def test_loaded_graph_follows_an_in_place_update(aot_calls) -> None:
     x = torch.randn(2, 3, 9, 7)
     m = _conv_bn(0)
     with torch.no_grad():
-        _compile_twice(m, (x,))
+        _compile_twice(m, (x,), freeze=True)
         torch._dynamo.reset()
-        compiled = torch.compile(m, backend="rewritec", options={"strict": True})
+        compiled = torch.compile(m, backend="rewritec", options={"strict": True, "freeze": True})
         torch.testing.assert_close(compiled(x), m(x))
         m[0].weight.mul_(2.0)
         m[1].running_var.add_(1.0)

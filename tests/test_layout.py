@@ -83,7 +83,7 @@ def _randomize_bn(m: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------- helpers
 def _compile(m: Any, target: str, layout: str = "channels_last") -> Any:
     return torch.compile(m, backend="rewritec", options={
-        "strict": True, "target": target, "conv_layout": layout})
+        "strict": True, "target": target, "conv_layout": layout, "freeze": True})
 
 
 def _layouts() -> list[dict[str, Any]]:
@@ -200,7 +200,7 @@ def test_channels_last_input_needs_no_conversion() -> None:
 def test_wrapper_converts_once(target: str, tmp_path: Any) -> None:
     m = _randomize_bn(BasicBlock()).eval()
     compiled = torch.compile(m, backend="rewritec", options={
-        "strict": True, "target": target, "conv_layout": "channels_last",
+        "strict": True, "target": target, "conv_layout": "channels_last", "freeze": True,
         "out_dir": str(tmp_path)})
     with torch.no_grad():
         compiled(torch.randn(1, 8, 4, 4))
