@@ -33,6 +33,7 @@ simplify inputs) while it fails the same way; scripts/fuzz_long.py uses it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -84,7 +85,10 @@ class Input(NamedTuple):
 
     layout: contig | t (last two dims transposed) | step (last dim sliced ::2)
             | offset (storage offset 1 on dim 0) | expand (stride 0 on the first dim > 1)
-    values: randn | special (randn with inf, -inf, nan, 0.0 and -0.0 mixed in)
+    values: randn | special (randn with inf, -inf, nan, 0.0 and -0.0 mixed in; for an
+            integer dtype, its smallest and largest values, 0 and -1) | rand (uniform
+            in [0, 1): sums that grow with their length) | fill (0.1 everywhere: a
+            sum accumulated one element after another drifts)
     """
 
     shape: tuple[int, ...]
@@ -114,12 +118,15 @@ class Graph(NamedTuple):
     # Also compare gradients: every input requires grad, backward with random cotangents.
     grad: bool = False
     # Inputs (statement ids) that are parameters of a module rather than arguments:
-    # inference graphs freeze them (and must notice when they change).
+    # inference graphs freeze them with `freeze=True` (and must notice when they change).
     params: tuple[int, ...] = ()
+    # Run eager and compiled under torch.autocast("cpu", this dtype): "bf16" or "f16".
+    autocast: str | None = None
 
     def __repr__(self) -> str:
         stmts = "".join(f"\n    {s!r}," for s in self.stmts)
-        extra = "".join(f", {k}={getattr(self, k)!r}" for k in ("outputs", "grad", "params")
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k in ("outputs", "grad", "params",
+                                                                  "autocast")
                         if getattr(self, k) != self._field_defaults[k])
         return f"Graph(({stmts}\n){extra})"
 
@@ -138,16 +145,26 @@ class Graph(NamedTuple):
 
 DTYPES: dict[str, torch.dtype] = {
     "f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16,
+    "i8": torch.int8, "i32": torch.int32, "i64": torch.int64,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-# Compiled vs eager, by the least precise float dtype anywhere in the program.
+INT_DTYPES = ("i8", "i32", "i64")
+# Compiled vs eager, by the least precise dtype anywhere in the program: integers
+# exactly (an integer result has no rounding to excuse).
 TOLERANCES: dict[str, dict[str, float]] = {
+    "i8": {"rtol": 0.0, "atol": 0.0},
+    "i32": {"rtol": 0.0, "atol": 0.0},
+    "i64": {"rtol": 0.0, "atol": 0.0},
     "f64": {"rtol": 1e-7, "atol": 1e-7},
     "f32": {"rtol": 1e-4, "atol": 1e-4},
     "bf16": {"rtol": 2e-2, "atol": 2e-2},
     "f16": {"rtol": 1e-2, "atol": 1e-2},
 }
-_PRECISION = ["f64", "f32", "f16", "bf16"]  # most to least precise
+_PRECISION = ["i64", "i32", "i8", "f64", "f32", "f16", "bf16"]  # most to least precise
+# Ops after which the sign of a zero result is the kernel's choice as much as ATen's
+# (an accumulator's start, BLAS): programs with any of them skip the signed-zero check.
+SIGNED_ZERO_FREE = ("sum", "mean", "softmax", "log_softmax", "layer_norm", "mm", "bmm",
+                    "matmul", "conv2d", "sdpa")
 # A compiled value at most this many times further from the float64 run than
 # eager's value (plus the tolerance) is a rounding difference, not a bug.
 REF_SLACK = 4.0
@@ -285,6 +302,8 @@ def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
         return x[idx]
     if name == "select":
         return x.select(p[0], p[1])
+    if name == "sdpa":
+        return F.scaled_dot_product_attention(x, args[1], args[2], is_causal=p[0])
     if name == "conv2d":
         stride, padding, dilation, groups = p
         bias = args[2] if len(args) > 2 else None
@@ -300,7 +319,8 @@ def make_input(stmt: Input, seed: int, dtype: torch.dtype | None = None,
     of it with the requested layout. `dtype` overrides the statement's dtype
     (the float64 reference run)."""
     shape = tuple(stmt.shape)
-    dt = dtype or DTYPES[stmt.dtype]
+    integer = stmt.dtype in INT_DTYPES
+    dt = DTYPES[stmt.dtype] if integer or dtype is None else dtype
     layout = stmt.layout
     base_shape = list(shape)
     if layout == "t" and len(shape) >= 2:
@@ -315,15 +335,27 @@ def make_input(stmt: Input, seed: int, dtype: torch.dtype | None = None,
     else:
         layout = "contig"
     gen = torch.Generator().manual_seed(1000 + seed)
-    base = torch.randn(base_shape, generator=gen, dtype=torch.float64)
+    if stmt.values == "rand":
+        base = torch.rand(base_shape, generator=gen, dtype=torch.float64)
+    elif stmt.values == "fill":
+        base = torch.full(base_shape, 0.1, dtype=torch.float64)
+    else:
+        base = torch.randn(base_shape, generator=gen, dtype=torch.float64)
+    if integer:
+        base = (base * 50).round()
     if stmt.values == "special" and base.numel():
         flat = base.view(-1)
-        specials = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0], dtype=torch.float64)
+        if integer:
+            ii = torch.iinfo(dt)
+            specials = torch.tensor([ii.min, ii.max, 0, -1], dtype=torch.float64)
+        else:
+            specials = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0],
+                                    dtype=torch.float64)
         pick = torch.randint(0, 4, flat.shape, generator=gen) == 0
         which = torch.randint(0, len(specials), flat.shape, generator=gen)
         flat[pick] = specials[which[pick]]
-    base = base.to(dt)
-    if requires_grad:
+    base = base.to(dt) if not integer else base.to(torch.int64).to(dt)
+    if requires_grad and dt.is_floating_point:
         base.requires_grad_(True)
     if layout == "t":
         arg = base.transpose(-1, -2)
@@ -368,6 +400,10 @@ def make_args(graph: Graph, *, dtype: torch.dtype | None = None,
 def least_precise(graph: Graph) -> str:
     names = {s.dtype for _, s in graph.inputs()}
     names |= {s.params[0] for s in graph.ops() if s.op == "cast"}
+    if graph.autocast is not None:
+        names.add(graph.autocast)
+    if names - set(INT_DTYPES):  # a float result: its rounding, not integer exactness
+        names -= set(INT_DTYPES)
     return max(names, key=_PRECISION.index)
 
 
@@ -389,7 +425,8 @@ def _compare(actual: torch.Tensor, expected: torch.Tensor, ref: torch.Tensor | N
         return
     except AssertionError as e:
         first = e
-    if ref is None or actual.shape != expected.shape or actual.dtype != expected.dtype:
+    if ref is None or actual.shape != expected.shape or actual.dtype != expected.dtype \
+            or not expected.dtype.is_floating_point:
         raise FuzzFailure(f"{what}: {first}") from None
     a, x, r = actual.double(), expected.double(), ref.detach().double()
     if r.shape != a.shape:
@@ -440,7 +477,7 @@ def instantiate(graph: Graph, dtype: torch.dtype | None = None) -> _Instance:
     if not graph.params:
         return _Instance(build_fn(graph), args, leaves, [])
     ids = [i for i, _ in graph.inputs()]
-    params = [torch.nn.Parameter(a.detach(), requires_grad=graph.grad)
+    params = [torch.nn.Parameter(a.detach(), requires_grad=graph.grad and a.is_floating_point())
               for i, a in zip(ids, args, strict=True) if i in graph.params]
     keep = [k for k, i in enumerate(ids) if i not in graph.params]
     return _Instance(_Program(graph, params), [args[k] for k in keep],
@@ -452,7 +489,8 @@ def _update_params(inst: _Instance, step: int) -> None:
     gen = torch.Generator().manual_seed(500 + step)
     with torch.no_grad():
         for p in inst.params:
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * 0.5)
+            step = torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5
+            p.add_(step.to(p.dtype) if p.is_floating_point() else step.round().to(p.dtype))
             p.grad = None
 
 
@@ -470,6 +508,24 @@ def _aliasing(outs: Sequence[torch.Tensor], args: Sequence[torch.Tensor]) -> set
         pairs |= {(i, j) for j in range(i + 1, len(outs)) if ptr(outs[j]) == p}
         pairs |= {(i, -k - 1) for k, a in enumerate(args) if ptr(a) == p}
     return pairs
+
+
+def _zero_signs(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Where both are zero, the signs agree: 1 / x tells -0.0 from 0.0."""
+    if not expected.dtype.is_floating_point or actual.shape != expected.shape:
+        return
+    zeros = (actual == 0) & (expected == 0)
+    if not torch.equal(actual.signbit()[zeros], expected.signbit()[zeros]):
+        i = int((zeros & (actual.signbit() != expected.signbit())).nonzero()[0].sum())
+        raise FuzzFailure(f"{what}: the sign of a zero differs from eager's "
+                          f"(compiled {actual.reshape(-1)[i].item()!r} at a zero eager gives "
+                          f"as {expected.reshape(-1)[i].item()!r})")
+
+
+def _autocast(graph: Graph) -> Any:
+    if graph.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", DTYPES[graph.autocast])
 
 
 def _run(inst: _Instance, grads: list[torch.Tensor] | None) -> tuple[Any, list[Any]]:
@@ -563,17 +619,22 @@ def check_graph(graph: Graph, options: dict[str, Any], **extra: Any) -> None:
     tols = TOLERANCES[least_precise(graph)]
     start = len(report.RECORDS)
     eager, mine = instantiate(graph), instantiate(graph)
+    if graph.params:
+        extra.setdefault("freeze", True)  # the guard against parameter updates is tested too
     compiled = rewritec.compile(mine.fn, strict=True, **options, **extra)
+    check_zero_signs = not graph.grad and not any(op.op in SIGNED_ZERO_FREE
+                                                  for op in graph.ops())
     for step in range(2 if graph.params else 1):
         if step:
             _update_params(eager, step - 1)
             _update_params(mine, step - 1)
         grads = None
         if graph.grad:
-            with torch.no_grad():
+            with torch.no_grad(), _autocast(graph):
                 grads = _cotangents(eager.fn(*eager.args))
-        out_e, grads_e = _run(eager, grads)
-        with warnings.catch_warnings():
+        with _autocast(graph):
+            out_e, grads_e = _run(eager, grads)
+        with warnings.catch_warnings(), _autocast(graph):
             warnings.simplefilter("error", RewritecWarning)
             out_c, grads_c = _run(mine._replace(fn=compiled), grads)
         records = report.RECORDS[start:]
@@ -602,6 +663,8 @@ def check_graph(graph: Graph, options: dict[str, Any], **extra: Any) -> None:
             if (c is None) != (e is None):
                 raise FuzzFailure(f"{w}: compiled {c is None=}, eager {e is None=}")
             if e is not None:
+                if check_zero_signs:
+                    _zero_signs(c, e, w)
                 try:
                     _compare(c, e, None, tols, w)
                 except FuzzFailure:
@@ -642,7 +705,9 @@ def _shape(draw: Any, min_rank: int = 0, max_rank: int = 4) -> tuple[int, ...]:
 
 @st.composite
 def _input(draw: Any, shape: tuple[int, ...], dtype: str | None = None) -> Input:
-    dt = dtype or draw(st.sampled_from(["f32", "f32", "f64", "bf16", "f16"]))
+    dt = dtype or draw(st.sampled_from(["f32", "f32", "f64", "bf16", "f16", "int"]))
+    if dt == "int":
+        dt = draw(st.sampled_from(INT_DTYPES))
     layouts = ["contig"]
     if len(shape) >= 2:
         layouts.append("t")
@@ -651,7 +716,7 @@ def _input(draw: Any, shape: tuple[int, ...], dtype: str | None = None) -> Input
     if any(s > 1 for s in shape):
         layouts.append("expand")
     layout = draw(st.sampled_from(layouts))
-    values = draw(st.sampled_from(["randn"] * 7 + ["special"]))
+    values = draw(st.sampled_from(["randn"] * 6 + ["rand", "special"]))
     return Input(shape, dt, layout, values)
 
 
@@ -745,6 +810,8 @@ def _op_kinds(x: torch.Tensor, allow_conv: bool, computed: bool) -> list[str]:
         kinds.append("bmm")
     if r == 4 and allow_conv:
         kinds.append("conv2d")
+    if r == 4 and x.is_floating_point():
+        kinds.append("sdpa")
     return kinds
 
 
@@ -867,6 +934,10 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
                 (draw(st.sampled_from(SIZES[:5])),)
             pshape = batch + (k, draw(st.sampled_from(SIZES)))
         args = (ai, other(pshape, dtname))
+    elif kind == "sdpa":  # self- or cross-attention: keys and values of another length
+        kv = shape[:2] + (draw(st.sampled_from([shape[2], *SIZES[1:5]])), shape[3])
+        args = (ai, other(kv, dtname), other(kv, dtname))
+        p = (draw(st.booleans()),)
     elif kind == "conv2d":
         c = shape[1]
         groups = draw(st.sampled_from([g for g in (1, 2, 3) if c % g == 0]))
@@ -966,7 +1037,7 @@ def graphs(draw: Any, max_ops: int = 6, grad: bool | None = None,
     b.add_input(draw(_input(shape)))
     if draw(st.booleans()):
         b.add_input(draw(_input(draw(_partner_shape(shape)))))
-    if allow_conv and draw(st.integers(0, 9)) == 0:  # conv needs NCHW values
+    if allow_conv and draw(st.integers(0, 9)) == 0:  # conv and attention need 4-d values
         b.add_input(draw(_input(tuple(draw(st.sampled_from(SIZES[:6])) for _ in range(4)))))
     for _ in range(draw(st.integers(1, max_ops))):
         if draw(st.integers(0, 3)) == 0:
@@ -979,7 +1050,34 @@ def graphs(draw: Any, max_ops: int = 6, grad: bool | None = None,
         # (not expanded ones: the parameter update is in place)
         params = tuple(i for i, s in enumerate(b.stmts) if isinstance(s, Input)
                        and s.layout != "expand" and draw(st.booleans()))
-    return Graph(tuple(b.stmts), grad=g, params=params)
+    autocast = draw(st.sampled_from([None] * 6 + ["bf16", "f16"]))
+    return Graph(tuple(b.stmts), grad=g, params=params, autocast=autocast)
+
+
+# Reductions over millions of elements, where an accumulation that is not pairwise
+# drifts from ATen's (CI affords a few: each input is a few MB).
+LARGE_SHAPES = ((1 << 21,), (3, (1 << 20) + 7), ((1 << 18) + 3, 3), (1000, 2049))
+
+
+@st.composite
+def large_reductions(draw: Any) -> Graph:
+    """One large input, perhaps a pointwise op, then a reduction over many elements."""
+    b = _Builder()
+    shape = draw(st.sampled_from(LARGE_SHAPES))
+    dt = draw(st.sampled_from(["f32", "f32", "bf16", "f16", "f64"]))
+    b.add_input(Input(shape, dt, "contig", draw(st.sampled_from(["fill", "rand", "randn"]))))
+    if draw(st.booleans()):
+        b.try_op(Op(draw(st.sampled_from(["abs", "sigmoid", "relu"])), (0,)), limit=False)
+    last = len(b.stmts) - 1
+    kind = draw(st.sampled_from(["sum", "sum", "mean", "amax", "softmax", "log_softmax",
+                                 "layer_norm"]))
+    if kind in REDUCE:
+        dims = draw(st.sampled_from([None, (-1,), (0,)]))
+        params: tuple[Any, ...] = (dims, draw(st.booleans())) if dims else (None, False)
+    else:
+        params = (1e-5,) if kind == "layer_norm" else ()
+    assert b.try_op(Op(kind, (last,), params), limit=False)
+    return Graph(tuple(b.stmts))
 
 
 # --------------------------------------------------------------------------- shrinking

@@ -3,7 +3,8 @@
 Programs (tests/fuzz_graphs.py) mix pointwise ops, reductions, softmax /
 log_softmax / layer_norm, views, matmuls and conv2d over random shapes
 (sizes 1, 7, primes), broadcasts, float dtypes (bf16/f16 with loose
-tolerances), non-contiguous inputs, inf/nan inputs, module parameters, and
+tolerances), integers at their limits, non-contiguous inputs, inf/nan and signed-zero
+inputs, module parameters, attention, autocast regions, and
 op sequences that rewrite rules match. Each is compiled with
 `rewritec.compile(fn, strict=True, **options)` for every entry of
 `TARGET_OPTIONS` (aten, auto = OpenMP kernels on CPU, triton through its
@@ -21,7 +22,8 @@ Examples failing like a known, regression-tested bug
 from __future__ import annotations
 
 import pytest
-from fuzz_graphs import TARGET_OPTIONS, Graph, check_property, graphs, options_id
+from fuzz_graphs import (TARGET_OPTIONS, Graph, check_property, graphs, large_reductions,
+                         options_id)
 from hypothesis import HealthCheck, given, settings
 
 # Examples per test and target: the whole file runs in about 60 s on the
@@ -29,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 # with gradients (most of it Dynamo + AOTAutograd, some g++ for OpenMP kernels).
 FORWARD_EXAMPLES = 50
 GRAD_EXAMPLES = 35
+LARGE_EXAMPLES = 4
 
 quick = settings(
     derandomize=True,
@@ -56,4 +59,11 @@ def test_fuzz_forward(options: dict, graph: Graph) -> None:
 @settings(quick, max_examples=GRAD_EXAMPLES)
 @given(graph=graphs(grad=True))
 def test_fuzz_grad(options: dict, graph: Graph) -> None:
+    check_property(graph, options)
+
+
+@targets
+@settings(quick, max_examples=LARGE_EXAMPLES)
+@given(graph=large_reductions())
+def test_fuzz_large_reductions(options: dict, graph: Graph) -> None:
     check_property(graph, options)

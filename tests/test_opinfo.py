@@ -46,7 +46,18 @@ from torch.testing._internal.common_methods_invocations import (  # noqa: E402 -
 FULL = os.environ.get("REWRITEC_OPINFO", "") == "full"
 SAMPLES_PER_OP = 3 if FULL else 1
 DTYPE = torch.float32
-TOLS = {"rtol": 1e-4, "atol": 1e-5}
+# The other dtypes, forward: the full run tries each on every op; CI tries one per
+# op, turn about, so that every dtype meets a sixth of the ops each run.
+OTHER_DTYPES = (torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64,
+                torch.bool)
+TOLERANCES = {torch.float32: {"rtol": 1e-4, "atol": 1e-5},
+              torch.float64: {"rtol": 1e-7, "atol": 1e-7},
+              torch.float16: {"rtol": 1e-3, "atol": 1e-3},
+              torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}}
+EXACT = {"rtol": 0.0, "atol": 0.0}
+TOLS = TOLERANCES[DTYPE]
+# f32 gradients: every op in the full run, every third in CI.
+GRAD_EVERY = 1 if FULL else 3
 
 # Ops whose first sample rewritec gets wrong today, pending a fix: op id -> reason.
 # Each is xfail(strict=True): once fixed, the XPASS says to remove the entry.
@@ -121,12 +132,21 @@ def _run(fn: Any, tensors: list[torch.Tensor], backend: str) -> tuple[Any, list[
     return out, [str(w.message) for w in caught if issubclass(w.category, FALLBACK_WARNINGS)]
 
 
-def _matches(got: Any, want: Any) -> str | None:
+def _matches(got: Any, want: Any, tols: dict[str, float] = TOLS) -> str | None:
     try:
-        torch.testing.assert_close(got, want, equal_nan=True, **TOLS)
+        torch.testing.assert_close(got, want, equal_nan=True, **tols)
     except (AssertionError, TypeError, ValueError) as e:
         return str(e)
     return None
+
+
+def _tols(want: Any) -> dict[str, float]:
+    leaves = [x for x in torch.utils._pytree.tree_leaves(want) if isinstance(x, torch.Tensor)]
+    dtypes = {x.dtype for x in leaves}
+    if any(not d.is_floating_point and not d.is_complex for d in dtypes):
+        return EXACT
+    return max((TOLERANCES.get(d, TOLS) for d in dtypes), key=lambda t: t["rtol"],
+               default=TOLS)
 
 
 def _peer_fails(fn: Any, tensors: list[torch.Tensor], want: Any) -> bool:
@@ -135,13 +155,39 @@ def _peer_fails(fn: Any, tensors: list[torch.Tensor], want: Any) -> bool:
         got, _ = _run(fn, tensors, "aot_eager")
     except Exception:  # noqa: BLE001
         return True
-    return _matches(got, want) is not None
+    return _matches(got, want, _tols(want)) is not None
 
 
-def _check_sample(op: Any, sample: Any) -> str | None:
-    """Run one sample; count it; return a failure description or None."""
+def _with_grads(fn: Any, tensors: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """`fn` turned into (outputs, gradients of the float inputs) under a fixed random
+    output gradient: what a backward graph computes."""
+    wants = [i for i, t in enumerate(tensors) if t.is_floating_point()]
+
+    def grads(*ts: torch.Tensor) -> Any:
+        ts = tuple(t.detach().requires_grad_(i in wants) for i, t in enumerate(ts))
+        out = fn(*ts)
+        leaves = [o for o in torch.utils._pytree.tree_leaves(out)
+                  if isinstance(o, torch.Tensor) and o.requires_grad]
+        gen = torch.Generator().manual_seed(1)
+        total = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+                    for o in leaves)
+        inputs = [ts[i] for i in wants]
+        got = torch.autograd.grad(total, inputs, allow_unused=True) if leaves else ()
+        return out, [g if g is not None else torch.zeros_like(x)
+                     for g, x in zip(got, inputs, strict=False)]
+
+    return grads, wants
+
+
+def _check_sample(op: Any, sample: Any, grad: bool = False) -> str | None:
+    """Run one sample (with `grad`, its f32 gradients too); count it; return a failure
+    description or None."""
     tensors, rebuild = _split(sample)
     fn = _make_fn(op, rebuild)
+    if grad:
+        fn, wants = _with_grads(fn, tensors)
+        if not wants:
+            return None
     try:
         want = fn(*_clones(tensors))
     except Exception:  # noqa: BLE001 - an invalid sample for this dtype
@@ -153,7 +199,7 @@ def _check_sample(op: Any, sample: Any) -> str | None:
     fallbacks: list[str] = []
     try:
         got, fallbacks = _run(fn, tensors, "rewritec")
-        mismatch = _matches(got, want)
+        mismatch = _matches(got, want, _tols(want))
         if mismatch:
             problem = f"mismatch: {mismatch}"
     except Exception as e:  # noqa: BLE001
@@ -202,13 +248,60 @@ def test_opinfo(op: Any) -> None:
     assert not problems, "\n".join(problems)
 
 
+def _dtype_cases() -> list[Any]:
+    cases = []
+    for i, op in enumerate(OPS):
+        supported = op.supported_dtypes("cpu")
+        turn = [OTHER_DTYPES[(i + k) % len(OTHER_DTYPES)] for k in range(len(OTHER_DTYPES))]
+        chosen = [d for d in turn if d in supported][: None if FULL else 1]
+        cases += [pytest.param(op, d, id=f"{_op_id(op)}-{str(d).removeprefix('torch.')}",
+                               marks=_known(f"{_op_id(op)}-{d}")) for d in chosen]
+    return cases
+
+
+def _known(key: str) -> list[Any]:
+    return [pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[key])] \
+        if key in KNOWN_FAILURES else []
+
+
+@pytest.mark.parametrize("op,dtype", _dtype_cases())
+def test_opinfo_dtype(op: Any, dtype: torch.dtype) -> None:
+    """The op's samples at another dtype, forward: f16, bf16, f64, int32, int64, bool."""
+    torch.manual_seed(0)
+    SUMMARY[f"ops tried at {dtype}"] += 1
+    samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=False),
+                                    SAMPLES_PER_OP))
+    problems = [f"sample {i}: {p}" for i, s in enumerate(samples)
+                if (p := _check_sample(op, s)) is not None]
+    if problems:
+        FAILURES.append(f"{_op_id(op)} at {dtype}: {problems[0].splitlines()[0][:200]}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "op", [pytest.param(op, id=_op_id(op), marks=_known(f"{_op_id(op)}-grad"))
+           for op in OPS[::GRAD_EVERY] if op.supports_autograd])
+def test_opinfo_gradients(op: Any) -> None:
+    """The op's f32 samples, forward and backward (AOTAutograd's backward graph)."""
+    torch.manual_seed(0)
+    SUMMARY["ops tried with gradients"] += 1
+    samples = list(itertools.islice(op.sample_inputs("cpu", DTYPE, requires_grad=False),
+                                    SAMPLES_PER_OP))
+    problems = [f"sample {i}: {p}" for i, s in enumerate(samples)
+                if (p := _check_sample(op, s, grad=True)) is not None]
+    if problems:
+        FAILURES.append(f"{_op_id(op)} gradients: {problems[0].splitlines()[0][:200]}")
+    assert not problems, "\n".join(problems)
+
+
 def test_opinfo_summary() -> None:
     """Print what the OpInfo run did (shows with `pytest -s`)."""
     total = KERNEL_OPS["kernel"] + KERNEL_OPS["aten"]
     share = KERNEL_OPS["kernel"] / total if total else 0.0
     lines = [(f"rewritec OpInfo oracle ({'full' if FULL else 'quick'}: "
               f"{SAMPLES_PER_OP} sample(s) per op, {len(OPS)} ops)")]
-    keys = ["ops tried", "ops failed", "samples tried", "samples matched", "samples fell back",
+    keys = ["ops tried", "ops failed", *sorted(k for k in SUMMARY if k.startswith("ops tried ")),
+            "samples tried", "samples matched", "samples fell back",
             "samples not captured (eager)", "samples failed", "samples peer fails too",
             "samples eager fails"]
     lines += [f"  {k}: {SUMMARY[k]}" for k in keys]
