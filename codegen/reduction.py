@@ -15,7 +15,8 @@ offsets are built with sympy as in codegen/kernels.py.
   axis: each program stores its partial results and `NAME_combine` reduces
   them and runs the epilogue.
 - OpenMP: the threads share the outputs when there are enough of them, else
-  they share each output's reduction (an OpenMP `reduction` clause).
+  they share each output's reduction, each taking whole chunks of it. Sums are
+  taken pairwise in chunks (codegen/accumulators.py), as accurate as ATen's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sympy
 from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dims
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
+from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator
 from .build import vector_math_decls
 from .kernels import (
     CPP_DTYPES,
@@ -238,43 +240,35 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
     body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                     for t in pro]
-    init, clauses, update, finish = [], [], [], []
-    accs: list[tuple[str, str, str]] = []  # (type, name, start)
-    for t in red:
-        acc = f"{names[t]}_acc"
-        op = {"sum": "+", "mean": "+", "amax": "max", "amin": "min"}[t.op]
-        start = {"sum": "0", "mean": "0", "amax": "-INFINITY", "amin": "INFINITY"}[t.op]
-        init.append(f"{ctype} {acc} = {start};")
-        accs.append((ctype, acc, start))
-        clauses.append(f"reduction({op}:{acc})")
-        src = names[t.args[0]]
-        if op == "+":
-            update.append(f"{acc} += {src};")
-        else:
-            # std::max drops nan; torch.amax returns nan for an output that sees one
-            init.append(f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
-            accs.append(("int", f"{acc}_nan", "0"))
-            clauses.append(f"reduction(|:{acc}_nan)")
-            update += [f"{acc} = std::{op}({acc}, {src});", f"{acc}_nan |= ({src} != {src});"]
-            finish.append(f"if ({acc}_nan) {acc} = NAN;")
-        div = " / n_red" if t.op == "mean" else ""
-        finish.append(f"const {ctype} {names[t]} = {acc}{div};")
+    accs = [CppAccumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
+    update = [line for a, t in zip(accs, red, strict=True) for line in a.update(names[t.args[0]])]
+    finish = [line for a, t in zip(accs, red, strict=True)
+              for line in a.finish(names[t], "n_red" if t.op == "mean" else None)]
     epilogue = epi_loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                             for t in epi]
-    columns = _cpp_columns(spec, ctype, accs)
+    columns = _cpp_columns(spec, accs)
     col_loads = []
     if columns:
         for i, inp in enumerate(spec.inputs):
             if "in" in spec.meta["phases"][i]:
                 col_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_unit_offset(spec, i)}];")
+
+    def each(phase: str) -> list[str]:
+        return [line for a in accs for line in getattr(a, phase)()]
+
     return render_template("openmp/reduction.cpp.j2", header=_header(spec, "openmp", "//"),
-                           name=spec.name, params=params, init=init, body=body + update,
-                           simd=f"#pragma omp simd {' '.join(clauses)}",
-                           parallel=(f"#pragma omp parallel for simd {' '.join(clauses)} "
+                           name=spec.name, params=params, body=body + update,
+                           declare=each("declare"), thread_init=each("thread_init"),
+                           chunk_init=each("chunk_init"), chunk_end=each("chunk_end"),
+                           thread_end=each("thread_end"), single_end=each("single_end"),
+                           chunk=PAIRWISE_CHUNK, pairwise=any(a.pairwise for a in accs),
+                           simd=f"#pragma omp simd {' '.join(each('clauses'))}",
+                           parallel=(f"#pragma omp parallel {' '.join(each('shared_clauses'))} "
                                      f"if(parallel: n_red >= {PARALLEL_REDUCTION_MIN})"),
                            finish=finish, epilogue=epilogue, result=names[spec.root],
                            columns=columns, col_body=col_loads + body[len(loads):] + update,
-                           col_block=COLUMN_BLOCK, simd_decls=vector_math_decls())
+                           col_block=COLUMN_BLOCK, col_chunk=COLUMN_CHUNK,
+                           simd_decls=vector_math_decls())
 
 
 # Outputs a thread reduces together when they lie side by side in memory (a bias
@@ -285,8 +279,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
 COLUMN_BLOCK = 64
 
 
-def _cpp_columns(spec: KernelSpec, ctype: str, accs: list[tuple[str, str, str]]
-                 ) -> dict[str, Any] | None:
+def _cpp_columns(spec: KernelSpec, accs: list[CppAccumulator]) -> dict[str, Any] | None:
     """The column loop's parts, where it can apply: some output dim kept, every input
     of the prologue read strided (a flat one has the reduced dims innermost)."""
     kept = len(spec.meta["kept"])
@@ -294,11 +287,13 @@ def _cpp_columns(spec: KernelSpec, ctype: str, accs: list[tuple[str, str, str]]
     if kept == 0 or not ins or any(spec.meta["in_flat"][i] for i in ins):
         return None
     check = " && ".join(f"{spec.inputs[i].name}_stride{kept - 1} == 1" for i in ins)
-    return {"check": check,
-            "arrays": [f"{t} {n}_v[{COLUMN_BLOCK}];" for t, n, _ in accs],
-            "fill": [f"{n}_v[k] = {start};" for _, n, start in accs],
-            "take": [f"{t} {n} = {n}_v[o - o0];" for t, n, _ in accs],
-            "keep": [f"{n}_v[o - o0] = {n};" for _, n, _ in accs]}
+
+    def each(phase: str, *args: int) -> list[str]:
+        return [line for a in accs for line in getattr(a, f"column_{phase}")(*args)]
+
+    return {"check": check, "arrays": each("arrays", COLUMN_BLOCK), "fill": each("fill"),
+            "chunk_fill": each("chunk_fill"), "take": each("take"), "keep": each("keep"),
+            "chunk_end": each("chunk_end"), "totals": each("totals"), "result": each("result")}
 
 
 def _strided_in(spec: KernelSpec, i: int, o: str, r: str) -> sympy.Expr:
