@@ -157,20 +157,40 @@ def render_reduction(spec: KernelSpec, target: str, table: OpTable | None = None
 # ------------------------------------------------------------------ accumulators
 FILL = {"sum": "0.0", "mean": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
 
+# Triton accumulators are blocks: each lane adds one value per pass of the loop, and
+# a lane's sum over many passes (a long row, a full reduction split over few
+# programs) would lose accuracy with their number. Sums are Kahan-compensated: a
+# second block `{acc}_c` holds each lane's rounding error, so a lane's error stays
+# a few ulps whatever the number of passes, and the lanes' final tl.sum is a tree.
+# (The OpenMP kernels sum pairwise instead: codegen/accumulators.py.) A lane that
+# reaches inf or nan keeps no compensation, which would be nan.
 
-def triton_accumulate(op: str, acc: str, value: str, mask: str | None) -> str:
+
+def triton_init(op: str, acc: str, shape: str, dtype: str) -> list[str]:
+    """An accumulator block of `shape` (e.g. "[BLOCK_C]"), and a sum's compensation."""
+    lines = [f"{acc} = tl.full({shape}, {FILL[op]}, {dtype})"]
+    if op in ("sum", "mean"):
+        lines.append(f"{acc}_c = tl.zeros({shape}, {dtype})")
+    return lines
+
+
+def triton_accumulate(op: str, acc: str, value: str, mask: str | None) -> list[str]:
     """acc <- acc (+) value for the masked-in lanes; max/min keep nan (torch.amax does)."""
     masked = f"tl.where({mask}, {value}, {FILL[op]})" if mask else value
     if op in ("sum", "mean"):
-        return f"{acc} = {acc} + {masked}"
+        return [f"{acc}_y = {masked} - {acc}_c",
+                f"{acc}_t = {acc} + {acc}_y",
+                f"{acc}_c = tl.where(tl.abs({acc}_t) < float('inf'), "
+                f"({acc}_t - {acc}) - {acc}_y, 0.0)",
+                f"{acc} = {acc}_t"]
     fn = "tl.maximum" if op == "amax" else "tl.minimum"
-    return f"{acc} = {fn}({acc}, {masked}, propagate_nan=tl.PropagateNan.ALL)"
+    return [f"{acc} = {fn}({acc}, {masked}, propagate_nan=tl.PropagateNan.ALL)"]
 
 
 def triton_finish(op: str, name: str, acc: str, axis: int) -> str:
     """The reduced value of an accumulator block (mean's division is not included)."""
     if op in ("sum", "mean"):
-        return f"{name} = tl.sum({acc}, axis={axis})"
+        return f"{name} = tl.sum({acc} - {acc}_c, axis={axis})"
     fn = "tl.max" if op == "amax" else "tl.min"
     # tl.max / tl.min may drop nan on the GPU; a lane that saw one holds nan
     return (f"{name} = tl.where(tl.sum(({acc} != {acc}).to(tl.int32), axis={axis}) > 0, "
@@ -196,15 +216,15 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     init, update, finish, partial, combine = [], [], [], [], []
     for j, t in enumerate(red):
         acc = f"acc{j}"
-        init.append(f"{acc} = tl.full([BLOCK_O, BLOCK_R], {FILL[t.op]}, {compute})")
-        update.append(triton_accumulate(t.op, acc, names[t.args[0]], "mask"))
+        init += triton_init(t.op, acc, "[BLOCK_O, BLOCK_R]", compute)
+        update += triton_accumulate(t.op, acc, names[t.args[0]], "mask")
         finish.append(triton_finish(t.op, names[t], acc, 1))
         partial.append(f"tl.store(part_ptr + ({j} * n_split + pid_r) * n_out + offs_o, "
                        f"{names[t]}, mask=mask_o)")
-        combine.append(f"{acc} = tl.full([BLOCK_O, BLOCK_S], {FILL[t.op]}, {compute})")
-    combine_loads = [triton_accumulate(t.op, f"acc{j}", (
-        f"tl.load(part_ptr + ({j} * n_split + offs_s[None, :]) * n_out + offs_o[:, None], "
-        f"mask=mask, other={FILL[t.op]})"), None) for j, t in enumerate(red)]
+        combine += triton_init(t.op, acc, "[BLOCK_O, BLOCK_S]", compute)
+    combine_loads = [line for j, t in enumerate(red) for line in triton_accumulate(
+        t.op, f"acc{j}", f"tl.load(part_ptr + ({j} * n_split + offs_s[None, :]) * n_out "
+        f"+ offs_o[:, None], mask=mask, other={FILL[t.op]})", None)]
     combine_finish = [triton_finish(t.op, names[t], f"acc{j}", 1) for j, t in enumerate(red)]
     means = [f"{names[t]} = {names[t]} / n_red" for t in red if t.op == "mean"]
     epilogue = epi_loads + [f"{names[t]} = {value_expr(t, names, 'triton', table)}" for t in epi]
