@@ -25,6 +25,7 @@ import sympy
 from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms, reduced_dim
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
+from .accumulators import PAIRWISE_CHUNK, CppAccumulator
 from .build import vector_math_decls
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import has_template, render_template
@@ -542,7 +543,9 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
                                simd_decls=vector_math_decls())
     # Row kernel: per-row values first (loads, then reductions in order, each a loop over
     # the row that recomputes only the element values it needs), then the output loop.
-    row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
+    # A step is a per-row line or a reduction, whose loop the template writes.
+    steps: list[dict[str, Any]] = [{"reduce": False, "line": load(inp, k)}
+                                   for k, inp in enumerate(spec.inputs) if inp.per_row]
     done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
 
     def needed(target_terms: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
@@ -582,34 +585,18 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         if t.op in ("arg", "const") or t in done:
             continue
         if t.op in ROW_REDUCTIONS:
-            src = t.args[0]
-            op = {"sum": "+", "mean": "+", "amax": "max", "amin": "min"}[t.op]
-            init = {"sum": "0", "mean": "0", "amax": "-INFINITY", "amin": "INFINITY"}[t.op]
-            acc = f"{names[t]}_acc"
-            row_lines.append(f"{ctype} {acc} = {init};")
-            if op == "+":
-                row_lines.append(f"#pragma omp simd reduction(+:{acc})")
-                update = [f"{acc} += {names[src]};"]
-            else:
-                # std::max drops nan; torch.amax returns nan for a row that has one
-                row_lines.append(
-                    f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
-                row_lines.append(f"#pragma omp simd reduction({op}:{acc}) reduction(|:{acc}_nan)")
-                update = [f"{acc} = std::{op}({acc}, {names[src]});",
-                          f"{acc}_nan |= ({names[src]} != {names[src]});"]
-            row_lines.append("for (int64_t c = 0; c < n_cols; ++c) {")
-            row_lines += ["    " + x for x in elem_lines(needed([src]))]
+            acc = CppAccumulator(t.op, f"{names[t]}_acc", ctype)
+            body = elem_lines(needed([t.args[0]])) + acc.update(names[t.args[0]])
             if kept is not None and t is reductions[-1]:
-                update.append(f"out_ptr[r * n_cols + c] = {names[kept]};  // read back below")
-            row_lines += ["    " + u for u in update]
-            row_lines.append("}")
-            if op != "+":
-                row_lines.append(f"if ({acc}_nan) {acc} = NAN;")
-            div = " / n_cols" if t.op == "mean" else ""
-            row_lines.append(f"const {ctype} {names[t]} = {acc}{div};")
+                body.append(f"out_ptr[r * n_cols + c] = {names[kept]};  // read back below")
+            steps.append({"reduce": True, "pairwise": acc.pairwise, "declare": acc.declare(),
+                          "thread_init": acc.thread_init(), "chunk_init": acc.chunk_init(),
+                          "clauses": acc.clauses(), "body": body, "chunk_end": acc.chunk_end(),
+                          "thread_end": acc.thread_end(), "single_end": acc.single_end(),
+                          "finish": acc.finish(names[t], "n_cols" if t.op == "mean" else None)})
             done.add(t)
         elif _per_row(t, spec):
-            row_lines.append(stmt(t))
+            steps.append({"reduce": False, "line": stmt(t)})
             done.add(t)
     if kept is None:
         out_lines = elem_lines(needed([spec.root]))
@@ -617,6 +604,6 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         out_lines = [f"const {ctype} {names[kept]} = out_ptr[r * n_cols + c];"]
         out_lines += elem_lines(needed([spec.root], frozenset({kept})))
     return render_template(f"openmp/{spec.template}.cpp.j2", header=_header(spec, "openmp", "//"),
-                           name=spec.name, params=params, row_body=row_lines,
-                           elem_body=out_lines, result=names[spec.root],
+                           name=spec.name, params=params, row_steps=steps,
+                           chunk=PAIRWISE_CHUNK, elem_body=out_lines, result=names[spec.root],
                            per_row_out=spec.per_row_out, simd_decls=vector_math_decls())

@@ -15,7 +15,8 @@ offsets are built with sympy as in codegen/kernels.py.
   axis: each program stores its partial results and `NAME_combine` reduces
   them and runs the epilogue.
 - OpenMP: the threads share the outputs when there are enough of them, else
-  they share each output's reduction (an OpenMP `reduction` clause).
+  they share each output's reduction, each taking whole chunks of it. Sums are
+  taken pairwise in chunks (codegen/accumulators.py), as accurate as ATen's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sympy
 from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dims
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
+from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator
 from .build import vector_math_decls
 from .kernels import (
     CPP_DTYPES,
@@ -155,20 +157,40 @@ def render_reduction(spec: KernelSpec, target: str, table: OpTable | None = None
 # ------------------------------------------------------------------ accumulators
 FILL = {"sum": "0.0", "mean": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
 
+# Triton accumulators are blocks: each lane adds one value per pass of the loop, and
+# a lane's sum over many passes (a long row, a full reduction split over few
+# programs) would lose accuracy with their number. Sums are Kahan-compensated: a
+# second block `{acc}_c` holds each lane's rounding error, so a lane's error stays
+# a few ulps whatever the number of passes, and the lanes' final tl.sum is a tree.
+# (The OpenMP kernels sum pairwise instead: codegen/accumulators.py.) A lane that
+# reaches inf or nan keeps no compensation, which would be nan.
 
-def triton_accumulate(op: str, acc: str, value: str, mask: str | None) -> str:
+
+def triton_init(op: str, acc: str, shape: str, dtype: str) -> list[str]:
+    """An accumulator block of `shape` (e.g. "[BLOCK_C]"), and a sum's compensation."""
+    lines = [f"{acc} = tl.full({shape}, {FILL[op]}, {dtype})"]
+    if op in ("sum", "mean"):
+        lines.append(f"{acc}_c = tl.zeros({shape}, {dtype})")
+    return lines
+
+
+def triton_accumulate(op: str, acc: str, value: str, mask: str | None) -> list[str]:
     """acc <- acc (+) value for the masked-in lanes; max/min keep nan (torch.amax does)."""
     masked = f"tl.where({mask}, {value}, {FILL[op]})" if mask else value
     if op in ("sum", "mean"):
-        return f"{acc} = {acc} + {masked}"
+        return [f"{acc}_y = {masked} - {acc}_c",
+                f"{acc}_t = {acc} + {acc}_y",
+                f"{acc}_c = tl.where(tl.abs({acc}_t) < float('inf'), "
+                f"({acc}_t - {acc}) - {acc}_y, 0.0)",
+                f"{acc} = {acc}_t"]
     fn = "tl.maximum" if op == "amax" else "tl.minimum"
-    return f"{acc} = {fn}({acc}, {masked}, propagate_nan=tl.PropagateNan.ALL)"
+    return [f"{acc} = {fn}({acc}, {masked}, propagate_nan=tl.PropagateNan.ALL)"]
 
 
 def triton_finish(op: str, name: str, acc: str, axis: int) -> str:
     """The reduced value of an accumulator block (mean's division is not included)."""
     if op in ("sum", "mean"):
-        return f"{name} = tl.sum({acc}, axis={axis})"
+        return f"{name} = tl.sum({acc} - {acc}_c, axis={axis})"
     fn = "tl.max" if op == "amax" else "tl.min"
     # tl.max / tl.min may drop nan on the GPU; a lane that saw one holds nan
     return (f"{name} = tl.where(tl.sum(({acc} != {acc}).to(tl.int32), axis={axis}) > 0, "
@@ -194,15 +216,15 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     init, update, finish, partial, combine = [], [], [], [], []
     for j, t in enumerate(red):
         acc = f"acc{j}"
-        init.append(f"{acc} = tl.full([BLOCK_O, BLOCK_R], {FILL[t.op]}, {compute})")
-        update.append(triton_accumulate(t.op, acc, names[t.args[0]], "mask"))
+        init += triton_init(t.op, acc, "[BLOCK_O, BLOCK_R]", compute)
+        update += triton_accumulate(t.op, acc, names[t.args[0]], "mask")
         finish.append(triton_finish(t.op, names[t], acc, 1))
         partial.append(f"tl.store(part_ptr + ({j} * n_split + pid_r) * n_out + offs_o, "
                        f"{names[t]}, mask=mask_o)")
-        combine.append(f"{acc} = tl.full([BLOCK_O, BLOCK_S], {FILL[t.op]}, {compute})")
-    combine_loads = [triton_accumulate(t.op, f"acc{j}", (
-        f"tl.load(part_ptr + ({j} * n_split + offs_s[None, :]) * n_out + offs_o[:, None], "
-        f"mask=mask, other={FILL[t.op]})"), None) for j, t in enumerate(red)]
+        combine += triton_init(t.op, acc, "[BLOCK_O, BLOCK_S]", compute)
+    combine_loads = [line for j, t in enumerate(red) for line in triton_accumulate(
+        t.op, f"acc{j}", f"tl.load(part_ptr + ({j} * n_split + offs_s[None, :]) * n_out "
+        f"+ offs_o[:, None], mask=mask, other={FILL[t.op]})", None)]
     combine_finish = [triton_finish(t.op, names[t], f"acc{j}", 1) for j, t in enumerate(red)]
     means = [f"{names[t]} = {names[t]} / n_red" for t in red if t.op == "mean"]
     epilogue = epi_loads + [f"{names[t]} = {value_expr(t, names, 'triton', table)}" for t in epi]
@@ -238,43 +260,35 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
     body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                     for t in pro]
-    init, clauses, update, finish = [], [], [], []
-    accs: list[tuple[str, str, str]] = []  # (type, name, start)
-    for t in red:
-        acc = f"{names[t]}_acc"
-        op = {"sum": "+", "mean": "+", "amax": "max", "amin": "min"}[t.op]
-        start = {"sum": "0", "mean": "0", "amax": "-INFINITY", "amin": "INFINITY"}[t.op]
-        init.append(f"{ctype} {acc} = {start};")
-        accs.append((ctype, acc, start))
-        clauses.append(f"reduction({op}:{acc})")
-        src = names[t.args[0]]
-        if op == "+":
-            update.append(f"{acc} += {src};")
-        else:
-            # std::max drops nan; torch.amax returns nan for an output that sees one
-            init.append(f"int {acc}_nan = 0;  // an int: a bool reduction does not vectorize")
-            accs.append(("int", f"{acc}_nan", "0"))
-            clauses.append(f"reduction(|:{acc}_nan)")
-            update += [f"{acc} = std::{op}({acc}, {src});", f"{acc}_nan |= ({src} != {src});"]
-            finish.append(f"if ({acc}_nan) {acc} = NAN;")
-        div = " / n_red" if t.op == "mean" else ""
-        finish.append(f"const {ctype} {names[t]} = {acc}{div};")
+    accs = [CppAccumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
+    update = [line for a, t in zip(accs, red, strict=True) for line in a.update(names[t.args[0]])]
+    finish = [line for a, t in zip(accs, red, strict=True)
+              for line in a.finish(names[t], "n_red" if t.op == "mean" else None)]
     epilogue = epi_loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                             for t in epi]
-    columns = _cpp_columns(spec, ctype, accs)
+    columns = _cpp_columns(spec, accs)
     col_loads = []
     if columns:
         for i, inp in enumerate(spec.inputs):
             if "in" in spec.meta["phases"][i]:
                 col_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_unit_offset(spec, i)}];")
+
+    def each(phase: str) -> list[str]:
+        return [line for a in accs for line in getattr(a, phase)()]
+
     return render_template("openmp/reduction.cpp.j2", header=_header(spec, "openmp", "//"),
-                           name=spec.name, params=params, init=init, body=body + update,
-                           simd=f"#pragma omp simd {' '.join(clauses)}",
-                           parallel=(f"#pragma omp parallel for simd {' '.join(clauses)} "
+                           name=spec.name, params=params, body=body + update,
+                           declare=each("declare"), thread_init=each("thread_init"),
+                           chunk_init=each("chunk_init"), chunk_end=each("chunk_end"),
+                           thread_end=each("thread_end"), single_end=each("single_end"),
+                           chunk=PAIRWISE_CHUNK, pairwise=any(a.pairwise for a in accs),
+                           simd=f"#pragma omp simd {' '.join(each('clauses'))}",
+                           parallel=(f"#pragma omp parallel {' '.join(each('shared_clauses'))} "
                                      f"if(parallel: n_red >= {PARALLEL_REDUCTION_MIN})"),
                            finish=finish, epilogue=epilogue, result=names[spec.root],
                            columns=columns, col_body=col_loads + body[len(loads):] + update,
-                           col_block=COLUMN_BLOCK, simd_decls=vector_math_decls())
+                           col_block=COLUMN_BLOCK, col_chunk=COLUMN_CHUNK,
+                           simd_decls=vector_math_decls())
 
 
 # Outputs a thread reduces together when they lie side by side in memory (a bias
@@ -285,8 +299,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
 COLUMN_BLOCK = 64
 
 
-def _cpp_columns(spec: KernelSpec, ctype: str, accs: list[tuple[str, str, str]]
-                 ) -> dict[str, Any] | None:
+def _cpp_columns(spec: KernelSpec, accs: list[CppAccumulator]) -> dict[str, Any] | None:
     """The column loop's parts, where it can apply: some output dim kept, every input
     of the prologue read strided (a flat one has the reduced dims innermost)."""
     kept = len(spec.meta["kept"])
@@ -294,11 +307,13 @@ def _cpp_columns(spec: KernelSpec, ctype: str, accs: list[tuple[str, str, str]]
     if kept == 0 or not ins or any(spec.meta["in_flat"][i] for i in ins):
         return None
     check = " && ".join(f"{spec.inputs[i].name}_stride{kept - 1} == 1" for i in ins)
-    return {"check": check,
-            "arrays": [f"{t} {n}_v[{COLUMN_BLOCK}];" for t, n, _ in accs],
-            "fill": [f"{n}_v[k] = {start};" for _, n, start in accs],
-            "take": [f"{t} {n} = {n}_v[o - o0];" for t, n, _ in accs],
-            "keep": [f"{n}_v[o - o0] = {n};" for _, n, _ in accs]}
+
+    def each(phase: str, *args: int) -> list[str]:
+        return [line for a in accs for line in getattr(a, f"column_{phase}")(*args)]
+
+    return {"check": check, "arrays": each("arrays", COLUMN_BLOCK), "fill": each("fill"),
+            "chunk_fill": each("chunk_fill"), "take": each("take"), "keep": each("keep"),
+            "chunk_end": each("chunk_end"), "totals": each("totals"), "result": each("result")}
 
 
 def _strided_in(spec: KernelSpec, i: int, o: str, r: str) -> sympy.Expr:

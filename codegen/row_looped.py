@@ -27,7 +27,7 @@ from .kernels import (
     strided_offset,
     value_expr,
 )
-from .reduction import FILL, triton_accumulate, triton_finish
+from .reduction import triton_accumulate, triton_finish, triton_init
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import render_template
 
@@ -122,17 +122,20 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             m, acc = names[mean], f"{names[mean]}_acc"
             e = names[mean.args[0]]
             p["what"] = f"mean and variance of {e} (Welford)"
-            p["init"] += [f"{m}_m2 = tl.zeros([BLOCK_C], {compute})",
-                          f"{m}_n = tl.zeros([BLOCK_C], {compute})"]
-            p["body"][-1:] = [f"{m}_n += tl.where(mask, 1.0, 0.0)",
-                              f"{m}_d = tl.where(mask, {e} - {acc}, 0.0)",
-                              f"{acc} += {m}_d / tl.maximum({m}_n, 1.0)",
-                              f"{m}_m2 += {m}_d * tl.where(mask, {e} - {acc}, 0.0)"]
-            p["after"][0:2] = [(f"{m}, {m}_m2s, {m}_ns = tl.reduce(({acc}, {m}_m2, {m}_n), 0, "
-                                "_welford_combine)")]
-            p["after"].insert(1, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
+            p["init"] = [f"{acc} = tl.zeros([BLOCK_C], {compute})",
+                         f"{m}_m2 = tl.zeros([BLOCK_C], {compute})",
+                         f"{m}_n = tl.zeros([BLOCK_C], {compute})"]
+            p["body"] = p["elem"] + [f"{m}_n += tl.where(mask, 1.0, 0.0)",
+                                     f"{m}_d = tl.where(mask, {e} - {acc}, 0.0)",
+                                     f"{acc} += {m}_d / tl.maximum({m}_n, 1.0)",
+                                     f"{m}_m2 += {m}_d * tl.where(mask, {e} - {acc}, 0.0)"]
+            # the lanes' (mean, m2, count) combined all at once, with tree sums: the
+            # mean of the lanes' means by count, and m2 = sum(m2_i + n_i (mean_i - mean)^2)
+            p["after"][0:2] = [f"{m} = tl.sum({acc} * {m}_n, axis=0) / n_cols",
+                               f"{m}_m2s = tl.sum({m}_m2 + {m}_n * ({acc} - {m}) * ({acc} - {m}), "
+                               "axis=0)"]
+            p["after"].insert(2, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
                               else f"{names[t]} = {m}_m2s")
-            p["welford"] = True
             done.add(t)
             continue
         if t.op in ROW_REDUCTIONS:
@@ -140,10 +143,10 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             after = [triton_finish(t.op, names[t], acc, 0)]
             if t.op == "mean":
                 after.append(f"{names[t]} = {names[t]} / n_cols")
-            passes.append({"what": f"{t.op} of {names[t.args[0]]}",
-                           "init": [f"{acc} = tl.full([BLOCK_C], {FILL[t.op]}, {compute})"],
-                           "body": elem_lines([t.args[0]]) + [
-                               triton_accumulate(t.op, acc, names[t.args[0]], "mask")],
+            elem = elem_lines([t.args[0]])
+            passes.append({"what": f"{t.op} of {names[t.args[0]]}", "elem": elem,
+                           "init": triton_init(t.op, acc, "[BLOCK_C]", compute),
+                           "body": elem + triton_accumulate(t.op, acc, names[t.args[0]], "mask"),
                            "after": after})
             if t.op == "mean":
                 pass_of[t] = passes[-1]
@@ -156,7 +159,6 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
-                           welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body, result=names[spec.root],
                            per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])
