@@ -1,7 +1,8 @@
 """Building and loading generated kernels, through an on-disk cache.
 
 - C++ (OpenMP): compiled with the system compiler (`$CXX`, default g++) as
-  `-O3 -march=native -fopenmp -shared -fPIC` and loaded with ctypes.
+  `-O3 -march=native -fopenmp -ffp-contract=off -shared -fPIC` and loaded with
+  ctypes (no multiply-add contraction, so results round as ATen's, unless fast_math).
 - Triton: the source is written to a file (Triton's JIT reads it back) and
   imported; `@triton.jit` compiles it on first launch.
 
@@ -31,9 +32,13 @@ from . import triton_startup
 # -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
 # sincosf, which libmvec cannot vectorize (sin(x)^2 + cos(x)^2 ran 3x slower than
 # eager); kernels call sinf/cosf by name instead (codegen/kernels.py: PLAIN_CALLS).
-CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-builtin-sinf",
-             "-fno-builtin-cosf", "-fno-builtin-sin", "-fno-builtin-cos", "-shared", "-fPIC",
-             "-std=c++17")
+# -ffp-contract=off: GCC otherwise fuses `a*b + c` into one FMA, rounded once where
+# ATen rounds twice (1 ulp off, and `b + 2*a` finite where eager overflows to inf);
+# `fast_math` kernels may contract (CONTRACT_FLAG replaces it).
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off",
+             "-fno-builtin-sinf", "-fno-builtin-cosf", "-fno-builtin-sin", "-fno-builtin-cos",
+             "-shared", "-fPIC", "-std=c++17")
+CONTRACT_FLAG = "-ffp-contract=fast"
 # Not builtins under CXX_FLAGS: their declarations must say that they only
 # compute (const) for the vectorizer to call their libmvec versions.
 PURE_CALLS = ("sinf", "cosf", "sin", "cos")
@@ -132,12 +137,21 @@ def vector_math_decls() -> tuple[str, ...]:
     return decls
 
 
-def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:
-    """Compile (or fetch from the cache) and return (the C function, source path)."""
+def cxx_flags(contract: bool = False) -> tuple[str, ...]:
+    """The compiler flags; `contract` (fast_math) lets GCC fuse multiply-adds."""
+    if not contract:
+        return CXX_FLAGS
+    return tuple(CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in CXX_FLAGS)
+
+
+def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Path]:
+    """Compile (or fetch from the cache) and return (the C function, source path).
+    `contract` allows FMA contraction (fast_math); off, results round as ATen's."""
     compiler = cxx()
     if compiler is None:
         raise BuildError("no C++ compiler found (set CXX or install g++)")
-    key = _sha("\n".join([source, " ".join(CXX_FLAGS), _cxx_version(compiler)]).encode())
+    flags = cxx_flags(contract)
+    key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler)]).encode())
     root = cache_dir()
     src, lib = root / f"{key}.cpp", root / f"{key}.so"
     if not _verified(lib):
@@ -147,7 +161,7 @@ def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:
         tmp_src = tmp.with_suffix(".cpp")
         tmp_src.write_text(source)
         try:
-            proc = subprocess.run([compiler, *CXX_FLAGS, str(tmp_src), "-o", str(tmp)],
+            proc = subprocess.run([compiler, *flags, str(tmp_src), "-o", str(tmp)],
                                   capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:
             raise BuildError(f"{compiler} failed to run: {e}") from None

@@ -55,8 +55,10 @@ def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
 
 def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
                     out_dir: str | None, name: str, bridge: Bridge | None = None,
-                    warn: Callable[[str], None] | None = None) -> Prepared:
-    """Build every kernel term of `graph`; failed ones go back to their ATen body."""
+                    warn: Callable[[str], None] | None = None,
+                    contract: bool = False) -> Prepared:
+    """Build every kernel term of `graph`; failed ones go back to their ATen body.
+    `contract` (fast_math) lets the kernels' compiler fuse multiply-adds."""
     prepared = Prepared(graph)
     failed: dict[Term, Term] = {}
     order = graph.terms()
@@ -82,7 +84,7 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                       render_attention(spec) if attention else
                       render_row_looped(spec) if spec.template == "row_looped" else
                       render(spec, target))
-            recipe = KernelRecipe(target, source, launcher_class(spec, target))
+            recipe = KernelRecipe(target, source, launcher_class(spec, target), contract)
             launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
