@@ -85,7 +85,7 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
     import pickle
 
     from . import __version__
-    from .codegen.build import _publish, _verified, cache_dir
+    from .codegen.disk_cache import cache_dir, folder_problem, publish, read_verified
 
     engine = Path(__file__).resolve().parent / "engine"
     sources = sorted(RULES_DIR.rglob("*.yaml")) + sorted(engine.glob("*.py")) \
@@ -97,19 +97,24 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
         st = f.stat()
         key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     name = f"rules-{key.hexdigest()[:24]}.pickle"
-    places = [COMPILED_DIR, cache_dir()]
+    # rules/__pycache__ only where it is this user's own folder (as the cache is):
+    # a table is unpickled, so one written by someone else is never read
+    places = [p for p in (COMPILED_DIR, cache_dir()) if folder_problem(p, create=False) is None]
     for place in places:
-        if _verified(place / name):
-            return pickle.loads((place / name).read_bytes())
+        data = read_verified(place / name)
+        if data is not None:
+            return pickle.loads(data)
     rules = tuple(_load([RULES_DIR], builtin=True))
     table = default_op_table()
     data = pickle.dumps((rules, table))
-    for place in places:
+    for place in [COMPILED_DIR, cache_dir()]:
         try:
-            place.mkdir(exist_ok=True)
+            place.mkdir(exist_ok=True, mode=0o700)
+            if folder_problem(place, create=False) is not None:
+                continue
             tmp = place / f"{name}.{os.getpid()}.tmp"
             tmp.write_bytes(data)
-            _publish(tmp, place / name)
+            publish(tmp, place / name)
             if place == COMPILED_DIR:  # one table per installation, as one .pyc per module
                 for old in place.glob("rules-*.pickle*"):
                     if not old.name.startswith(name):

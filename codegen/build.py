@@ -6,17 +6,19 @@
 - Triton: the source is written to a file (Triton's JIT reads it back) and
   imported; `@triton.jit` compiles it on first launch.
 
-The cache (`$REWRITEC_CACHE_DIR`, default `~/.cache/rewritec`) is created
-user-only (0700). An entry is keyed by the sha256 of source, flags and
-compiler; beside each artifact a `.sha256` file holds the artifact's own
-hash, and an artifact whose bytes do not match is rebuilt, never loaded.
-Writers build into a private temporary file and publish with an atomic
-rename, so processes filling the cache at once never see half a file.
+The cache (`$REWRITEC_CACHE_DIR`, default `~/.cache/rewritec`; what is trusted
+in it: codegen/disk_cache.py) is keyed by the sha256 of source, flags and
+compiler; beside each artifact a `.sha256` file holds its hash and this user's
+HMAC of it, and an artifact that does not match
+is rebuilt, never loaded. Writers build into a private temporary file and
+publish with an atomic rename, so processes filling the cache at once never see
+half a file.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import shutil
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import triton_startup
+from .disk_cache import cache_dir, give_up, publish, read_verified, verified
 
 # -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
 # -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
@@ -58,43 +61,14 @@ class BuildError(Exception):
     """A kernel could not be built; its group falls back to ATen."""
 
 
-def cache_dir() -> Path:
-    root = Path(os.environ.get("REWRITEC_CACHE_DIR") or Path.home() / ".cache" / "rewritec")
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(root, 0o700)
-    return root
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _verified(path: Path) -> bool:
-    """The artifact exists and matches the hash recorded beside it."""
-    digest = path.with_name(path.name + ".sha256")
-    try:
-        return digest.read_text().strip() == _sha(path.read_bytes())
-    except OSError:
-        return False
+_publish = publish
 
 
-def _publish(tmp: Path, path: Path) -> None:
-    """Move a finished artifact and its hash into place. Two processes building the
-    same entry at once each hold the entry's lock in turn; the second finds it
-    published and keeps it (their bytes may differ: the compiler records the
-    temporary file names), so an artifact never meets the other's hash."""
-    import fcntl
-
-    lock = path.with_name(path.name + ".lock")
-    with open(lock, "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if _verified(path):
-            tmp.unlink(missing_ok=True)
-            return
-        digest_tmp = tmp.with_name(tmp.name + ".sha256")
-        digest_tmp.write_text(_sha(tmp.read_bytes()))
-        os.replace(tmp, path)
-        os.replace(digest_tmp, path.with_name(path.name + ".sha256"))
+_verified = verified
 
 
 @cache
@@ -108,7 +82,7 @@ def cxx() -> str | None:
 def _cxx_version(compiler: str) -> str:
     try:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout.splitlines()[0]
+                              timeout=10).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         return compiler
 
@@ -153,33 +127,54 @@ def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Pa
     flags = cxx_flags(contract)
     key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler)]).encode())
     root = cache_dir()
-    src, lib = root / f"{key}.cpp", root / f"{key}.so"
-    if not _verified(lib):
-        fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        tmp_src = tmp.with_suffix(".cpp")
-        tmp_src.write_text(source)
+    try:
+        lib = _build_into(root, key, source, compiler, flags)
+    except OSError as e:  # the cache folder cannot be written (full disk, removed)
+        root = give_up(root, e.strerror or str(e))
         try:
-            proc = subprocess.run([compiler, *flags, str(tmp_src), "-o", str(tmp)],
-                                  capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise BuildError(f"{compiler} failed to run: {e}") from None
-        finally:
-            if not src.exists():
-                os.replace(tmp_src, src)
-            else:
-                tmp_src.unlink(missing_ok=True)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            first = "\n".join(proc.stderr.strip().splitlines()[:6])
-            raise BuildError(f"{compiler} rejected the kernel:\n{first}")
-        _publish(tmp, lib)
+            lib = _build_into(root, key, source, compiler, flags)
+        except OSError as e:
+            raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
     try:
         fn = getattr(ctypes.CDLL(str(lib)), symbol)
     except (OSError, AttributeError) as e:
         raise BuildError(f"cannot load {lib.name}: {e}") from None
-    return fn, src
+    return fn, root / f"{key}.cpp"
+
+
+def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[str, ...]
+                ) -> Path:
+    """The verified library of `key` in `root`, built there first if need be; the
+    temporary files go, whatever happens."""
+    src, lib = root / f"{key}.cpp", root / f"{key}.so"
+    if verified(lib):
+        return lib
+    fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    tmp_src = tmp.with_suffix(".cpp")
+    try:
+        tmp_src.write_text(source)
+        _compile(compiler, [*flags, str(tmp_src), "-o", str(tmp)])
+        if not src.exists():
+            os.replace(tmp_src, src)
+        publish(tmp, lib)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp_src.unlink(missing_ok=True)
+    return lib
+
+
+def _compile(compiler: str, args: list[str]) -> None:
+    try:
+        proc = subprocess.run([compiler, *args], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BuildError(f"{compiler} failed to run: {e}") from None
+    if proc.returncode != 0:
+        if "No space left on device" in proc.stderr:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        first = "\n".join(proc.stderr.strip().splitlines()[:6])
+        raise BuildError(f"{compiler} rejected the kernel:\n{first}")
 
 
 def triton_module(source: str) -> Path:
@@ -187,12 +182,22 @@ def triton_module(source: str) -> Path:
     reads its kernels' source back from their file."""
     key = _sha(source.encode())
     root = cache_dir()
+    try:
+        return _module_into(root, key, source)
+    except OSError as e:  # the cache folder cannot be written (full disk, removed)
+        try:
+            return _module_into(give_up(root, e.strerror or str(e)), key, source)
+        except OSError as e:
+            raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
+
+
+def _module_into(root: Path, key: str, source: str) -> Path:
     path = root / f"{key}.py"
-    if not _verified(path) or path.read_text() != source:
+    if read_verified(path) != source.encode():
         fd, tmp_name = tempfile.mkstemp(suffix=".py", prefix=f".{key}.", dir=root)
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        _publish(Path(tmp_name), path)
+        publish(Path(tmp_name), path)
     return path
 
 
