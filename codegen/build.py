@@ -7,9 +7,9 @@
   imported; `@triton.jit` compiles it on first launch.
 
 The cache (`$REWRITEC_CACHE_DIR`, default `~/.cache/rewritec`; what is trusted
-in it: codegen/disk_cache.py) is keyed by the sha256 of source, flags and
-compiler; beside each artifact a `.sha256` file holds its hash and this user's
-HMAC of it, and an artifact that does not match
+in it: codegen/disk_cache.py) is keyed by the sha256 of source, flags, compiler
+and the target CPU (`target`); beside each artifact a `.sha256` file holds its
+hash, target and this user's HMAC of both, and an artifact that does not match
 is rebuilt, never loaded. Writers build into a private temporary file and
 publish with an atomic rename, so processes filling the cache at once never see
 half a file.
@@ -21,6 +21,7 @@ import ctypes
 import errno
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -68,7 +69,10 @@ def _sha(data: bytes) -> str:
 _publish = publish
 
 
-_verified = verified
+def _verified(path: Path) -> bool:
+    """A kernel artifact in the cache vouched for: a library built for this CPU
+    (`target`), or a Triton module."""
+    return verified(path, target() if path.suffix == ".so" else "")
 
 
 @cache
@@ -85,6 +89,29 @@ def _cxx_version(compiler: str) -> str:
                               timeout=10).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         return compiler
+
+
+@cache
+def target() -> str:
+    """What `-march=native` builds for on this machine: the CPU's vendor, family,
+    model and feature flags (from /proc/cpuinfo; the machine name elsewhere), as a
+    short hash. It is part of every kernel's key and recorded beside its library,
+    so a cache shared between machines never loads a library built for another
+    CPU (it would die of SIGILL on an instruction this one lacks)."""
+    fields = {"vendor_id", "cpu family", "model", "flags", "isa", "cpu model", "features",
+              "cpu implementer", "cpu architecture", "cpu variant", "cpu part"}
+    lines = [platform.machine()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                name, _, value = line.partition(":")
+                if name.strip().lower() in fields:
+                    lines.append(f"{name.strip()}={value.strip()}")
+    except OSError:
+        lines.append(platform.processor())
+    return _sha("\n".join(lines).encode())[:16]
 
 
 @cache
@@ -125,7 +152,7 @@ def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Pa
     if compiler is None:
         raise BuildError("no C++ compiler found (set CXX or install g++)")
     flags = cxx_flags(contract)
-    key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler)]).encode())
+    key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler), target()]).encode())
     root = cache_dir()
     try:
         lib = _build_into(root, key, source, compiler, flags)
@@ -147,7 +174,7 @@ def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[s
     """The verified library of `key` in `root`, built there first if need be; the
     temporary files go, whatever happens."""
     src, lib = root / f"{key}.cpp", root / f"{key}.so"
-    if verified(lib):
+    if verified(lib, target()):
         return lib
     fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
     os.close(fd)
@@ -158,7 +185,7 @@ def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[s
         _compile(compiler, [*flags, str(tmp_src), "-o", str(tmp)])
         if not src.exists():
             os.replace(tmp_src, src)
-        publish(tmp, lib)
+        publish(tmp, lib, target())
     finally:
         tmp.unlink(missing_ok=True)
         tmp_src.unlink(missing_ok=True)

@@ -259,6 +259,18 @@ def test_a_full_disk_builds_in_a_private_folder(cache, tmp_path, monkeypatch) ->
 # ----------------------------------------------------------------- kernels and key
 
 
+def test_a_library_built_for_another_cpu_is_not_loaded(cache, monkeypatch) -> None:
+    source = f'extern "C" int a() {{ return 5; }} // {uuid.uuid4()}\n'
+    this_cpu = build.target
+    monkeypatch.setattr(build, "target", lambda: "another-cpu")
+    build.build_cpp(source, "a")
+    [lib] = cache.glob("*.so")
+    monkeypatch.setattr(build, "target", this_cpu)
+    assert not build._verified(lib)  # recorded for another target
+    fn, _ = build.build_cpp(source, "a")  # this CPU's key: built again
+    assert fn() == 5 and len(list(cache.glob("*.so"))) == 2
+
+
 def test_a_symlinked_library_is_rebuilt(cache, tmp_path) -> None:
     source = f'extern "C" int a() {{ return 6; }} // {uuid.uuid4()}\n'
     build.build_cpp(source, "a")
