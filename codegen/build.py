@@ -12,7 +12,8 @@ and the target CPU (`target`); beside each artifact a `.sha256` file holds its
 hash, target and this user's HMAC of both, and an artifact that does not match
 is rebuilt, never loaded. Writers build into a private temporary file and
 publish with an atomic rename, so processes filling the cache at once never see
-half a file.
+half a file. A graph's builds share a compile budget (`budget`): a compiler that
+never returns costs that much once, and the graph's remaining groups fall back.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -60,6 +66,10 @@ VECTOR_MATH = ("float expf(float)", "float logf(float)", "float sinf(float)",
 
 class BuildError(Exception):
     """A kernel could not be built; its group falls back to ATen."""
+
+
+class BudgetSpent(BuildError):
+    """The graph's compile budget ran out; this group and the rest fall back."""
 
 
 def _sha(data: bytes) -> str:
@@ -114,10 +124,45 @@ def target() -> str:
     return _sha("\n".join(lines).encode())[:16]
 
 
-@cache
+# What is left of the current graph's compile budget (see `budget`).
+_deadline: ContextVar[float | None] = ContextVar("rewritec_build_deadline", default=None)
+# The longest one build may take, budget or not.
+BUILD_TIMEOUT_S = 300.0
+
+
+@contextmanager
+def budget(seconds: float | None) -> Iterator[None]:
+    """Builds inside share `seconds` of compiler time; once spent, the rest fail
+    at once (their groups fall back to ATen) instead of each waiting out a
+    compiler that never returns."""
+    token = _deadline.set(None if seconds is None else time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def _time_left() -> float:
+    deadline = _deadline.get()
+    if deadline is None:
+        return BUILD_TIMEOUT_S
+    left = min(BUILD_TIMEOUT_S, deadline - time.monotonic())
+    if left <= 0:
+        raise BudgetSpent("the graph's compile budget is spent (REWRITEC_COMPILE_BUDGET)")
+    return left
+
+
+_vector_math: tuple[str, ...] | None = None
+
+
 def vector_math_decls() -> tuple[str, ...]:
     """The `simd` declarations of VECTOR_MATH, if this machine's libmvec has them
-    (probed once: a kernel that fails to load would otherwise fall back)."""
+    (probed once: a kernel that fails to load would otherwise fall back). A probe
+    cut short by the compile budget is tried again by the next graph."""
+    global _vector_math
+    if _vector_math is not None:
+        return _vector_math
+
     def attrs(decl: str) -> str:
         name = decl.split("(")[0].split()[-1]
         return '"notinbranch"), const, nothrow' if name in PURE_CALLS else '"notinbranch")'
@@ -133,8 +178,12 @@ def vector_math_decls() -> tuple[str, ...]:
              "std::tanh(b[i]) + std::pow(b[i], b[i]);\n}\n")
     try:
         build_cpp(probe, "probe")
-    except BuildError:
+    except BudgetSpent:
         return ()
+    except BuildError:
+        _vector_math = ()
+        return ()
+    _vector_math = decls
     return decls
 
 
@@ -193,14 +242,27 @@ def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[s
 
 
 def _compile(compiler: str, args: list[str]) -> None:
+    """Run the compiler within what is left of the budget; on a timeout, its whole
+    process group goes (g++ leaves cc1plus running otherwise)."""
+    limit = _time_left()
     try:
-        proc = subprocess.run([compiler, *args], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.SubprocessError) as e:
+        proc = subprocess.Popen([compiler, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as e:
         raise BuildError(f"{compiler} failed to run: {e}") from None
+    try:
+        _, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        if _deadline.get() is not None and _deadline.get() - time.monotonic() <= 0:
+            raise BudgetSpent(f"{compiler} ran past the graph's compile budget "
+                              f"(REWRITEC_COMPILE_BUDGET)") from None
+        raise BuildError(f"{compiler} did not finish within {limit:.0f} s") from None
     if proc.returncode != 0:
-        if "No space left on device" in proc.stderr:
+        if "No space left on device" in stderr:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        first = "\n".join(proc.stderr.strip().splitlines()[:6])
+        first = "\n".join(stderr.strip().splitlines()[:6])
         raise BuildError(f"{compiler} rejected the kernel:\n{first}")
 
 

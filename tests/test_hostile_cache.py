@@ -11,6 +11,7 @@ import io
 import os
 import pickle
 import stat
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -254,6 +255,35 @@ def test_a_full_disk_builds_in_a_private_folder(cache, tmp_path, monkeypatch) ->
         build.cxx.cache_clear()
     assert fn() == 3 and cache not in src.parents
     assert not [p for p in cache.iterdir() if p.suffix in (".so", ".cpp")], "files left behind"
+
+
+def test_a_compiler_that_never_returns_spends_the_budget_once(cache, tmp_path,
+                                                              monkeypatch) -> None:
+    monkeypatch.setenv("CXX", str(_stub_compiler(tmp_path, "exec sleep 600\n")))
+    build.cxx.cache_clear()
+    x = torch.randn(6, 11)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:  # three kernels' worth of groups
+        return torch.softmax(x, -1) * 2 + torch.relu(x).sum(-1, keepdim=True) + x.amax()
+
+    start = time.monotonic()
+    try:
+        with pytest.warns(KernelFallback, match="compile budget"):
+            torch._dynamo.reset()
+            got = torch.compile(fn, backend="rewritec",
+                                options={"target": "openmp", "compile_budget": 2})(x)
+    finally:
+        build.cxx.cache_clear()
+    assert time.monotonic() - start < 30
+    torch.testing.assert_close(got, fn(x))
+    assert [r.status for r in report.RECORDS] == ["compiled"]
+
+
+def test_the_budget_comes_from_the_environment(monkeypatch) -> None:
+    from rewritec.options import Options
+
+    monkeypatch.setenv("REWRITEC_COMPILE_BUDGET", "7.5")
+    assert Options.make().compile_budget == 7.5
 
 
 # ----------------------------------------------------------------- kernels and key
