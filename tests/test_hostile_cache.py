@@ -11,6 +11,8 @@ import io
 import os
 import pickle
 import stat
+import subprocess
+import sys
 import time
 import uuid
 import warnings
@@ -345,3 +347,19 @@ def test_a_rule_table_not_signed_by_this_user_is_parsed_again(tmp_path, monkeypa
         assert not marker.exists()
     finally:
         rulesets._builtin.cache_clear()
+
+
+# ----------------------------------------------------------------- the command line
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_before_running(tmp_path) -> None:
+    script = tmp_path / "script.py"
+    marker = tmp_path / "ran"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (tmp_path / "a-file").write_text("")
+    res = subprocess.run([sys.executable, "-m", "rewritec.cli", "compile", str(script),
+                          "--out", str(tmp_path / "a-file" / "out")],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 2 and not marker.exists(), res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a-file" in lines[0] and "Traceback" not in res.stderr, lines
