@@ -52,12 +52,12 @@ def _builtin() -> tuple[tuple[Rule, ...], OpTable]:
     the engine.
 
     Like Python's bytecode, the parsed table is kept beside its sources, in
-    `rules/__pycache__/`, when the installation is writable, and in the kernel
-    cache (a user-only folder) otherwise; each copy is checked against its
-    recorded hash before it is unpickled. The table depends on no program being
-    compiled, so emptying the compile caches keeps it, as it keeps the `.pyc`
-    files. Parsing the YAML and the 230-odd expressions costs 0.15 s of a cold
-    compile on a 2-core CPU and 0.1-0.2 s on an H100 host; loading the table 2 ms,
+    `rules/__pycache__/`, when the installation is writable by this user alone, and
+    in the kernel cache otherwise; each copy is unpickled only if its digest, signed
+    with this user's key (codegen/disk_cache.py), vouches for it. The table
+    depends on no program being compiled, so emptying the compile caches keeps it,
+    as it keeps the `.pyc` files. Parsing the YAML and the 230-odd expressions costs
+    0.15 s of a cold compile on a 2-core CPU and 0.1-0.2 s on an H100 host; loading the table 2 ms,
     and a compilation then neither imports PyYAML nor reads `rules/ops.yaml`
     (15 ms on the 2-core CPU). The engine's `default_op_table` serves the op table
     loaded here."""

@@ -22,8 +22,9 @@ options, grad and autocast modes, the versions of torch and Triton, and the byte
 of rewritec's code, rules and templates (and of any rule files given), so an
 edit to a rule is never served a stale entry.
 
-Entries live in `$REWRITEC_CACHE_DIR/graphs/` (user-only, like the kernel cache;
-each file carries its sha256 beside it). `graph_cache=False` or
+Entries live in `$REWRITEC_CACHE_DIR/graphs/`, trusted as the kernel cache is
+(codegen/disk_cache.py: this user's folder, each file signed with this user's
+key), and are unpickled with a fixed table of the names they may use. `graph_cache=False` or
 REWRITEC_GRAPH_CACHE=0 turns the cache off; it is also off under `debug` and
 `out_dir`, whose output comes from compiling.
 """
