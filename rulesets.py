@@ -85,7 +85,7 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
     import pickle
 
     from . import __version__
-    from .codegen.disk_cache import cache_dir, folder_problem, publish, read_verified
+    from .codegen.disk_cache import cache_dir, folder_problem, read_verified, store
 
     engine = Path(__file__).resolve().parent / "engine"
     sources = sorted(RULES_DIR.rglob("*.yaml")) + sorted(engine.glob("*.py")) \
@@ -112,9 +112,7 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
             place.mkdir(exist_ok=True, mode=0o700)
             if folder_problem(place, create=False) is not None:
                 continue
-            tmp = place / f"{name}.{os.getpid()}.tmp"
-            tmp.write_bytes(data)
-            publish(tmp, place / name)
+            store(place / name, data)
             if place == COMPILED_DIR:  # one table per installation, as one .pyc per module
                 for old in place.glob("rules-*.pickle*"):
                     if not old.name.startswith(name):
@@ -159,7 +157,6 @@ def cmd_rules(args: argparse.Namespace) -> int:
             print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}")
         print(f"\n{len(rules)} rules")
         return 0
-    import os
 
     import torch
 

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from . import triton_startup
-from .disk_cache import cache_dir, give_up, publish, read_verified, verified
+from .disk_cache import (cache_dir, configured_root, give_up, publish, read_verified, store,
+                         verified)
 
 # -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
 # -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
@@ -202,12 +203,12 @@ def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Pa
         raise BuildError("no C++ compiler found (set CXX or install g++)")
     flags = cxx_flags(contract)
     key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler), target()]).encode())
-    root = cache_dir()
     try:
+        root = cache_dir()
         lib = _build_into(root, key, source, compiler, flags)
     except OSError as e:  # the cache folder cannot be written (full disk, removed)
-        root = give_up(root, e.strerror or str(e))
         try:
+            root = give_up(configured_root(), e.strerror or str(e))
             lib = _build_into(root, key, source, compiler, flags)
         except OSError as e:
             raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
@@ -270,12 +271,11 @@ def triton_module(source: str) -> Path:
     """Write (or reuse) the module file of a Triton kernel's source; Triton's JIT
     reads its kernels' source back from their file."""
     key = _sha(source.encode())
-    root = cache_dir()
     try:
-        return _module_into(root, key, source)
+        return _module_into(cache_dir(), key, source)
     except OSError as e:  # the cache folder cannot be written (full disk, removed)
         try:
-            return _module_into(give_up(root, e.strerror or str(e)), key, source)
+            return _module_into(give_up(configured_root(), e.strerror or str(e)), key, source)
         except OSError as e:
             raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
 
@@ -283,10 +283,7 @@ def triton_module(source: str) -> Path:
 def _module_into(root: Path, key: str, source: str) -> Path:
     path = root / f"{key}.py"
     if read_verified(path) != source.encode():
-        fd, tmp_name = tempfile.mkstemp(suffix=".py", prefix=f".{key}.", dir=root)
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        publish(Path(tmp_name), path)
+        store(path, source.encode())
     return path
 
 

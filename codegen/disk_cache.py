@@ -232,3 +232,16 @@ def publish(tmp: Path, path: Path, target: str = "") -> None:
     finally:
         tmp.unlink(missing_ok=True)
         digest_tmp.unlink(missing_ok=True)
+
+
+def store(path: Path, data: bytes, target: str = "") -> None:
+    """Write `data` as the artifact `path` (through a temporary file beside it,
+    removed if the write fails, on a full disk say) and publish it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    publish(Path(tmp), path, target)

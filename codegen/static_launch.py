@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -137,15 +136,12 @@ class Binaries:
             if described is None:
                 return None
             meta, cubin = described
-            from .disk_cache import publish, verified
+            from .disk_cache import store, verified
 
             root, key = _root(), self._key(call, device)
             if not verified(root / f"{key}.json"):
-                for suffix, data in ((".cubin", cubin), (".json", json.dumps(meta).encode())):
-                    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=root)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    publish(Path(tmp), root / f"{key}{suffix}")
+                store(root / f"{key}.cubin", cubin)
+                store(root / f"{key}.json", json.dumps(meta).encode())
             if grid is None:
                 return None
             # the binary in hand is the one stored: no need to read it back

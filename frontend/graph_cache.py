@@ -38,7 +38,6 @@ import io
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -241,13 +240,9 @@ def save(key: str, art: Artifact) -> None:
         entry = _entry(art)
         buf = io.BytesIO()
         _Pickler(buf).dump(entry)
-        from ..codegen.disk_cache import publish
+        from ..codegen.disk_cache import store
 
-        root = _dir()
-        fd, tmp = tempfile.mkstemp(suffix=".pkl", prefix=f".{key}.", dir=root)
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        publish(Path(tmp), root / f"{key}.pkl")
+        store(_dir() / f"{key}.pkl", buf.getvalue())
     except Exception as e:  # noqa: BLE001 - see the docstring
         _note(f"graph {art.name} not stored: {type(e).__name__}: {e}")
 

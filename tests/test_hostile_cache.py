@@ -259,6 +259,20 @@ def test_a_full_disk_builds_in_a_private_folder(cache, tmp_path, monkeypatch) ->
     assert not [p for p in cache.iterdir() if p.suffix in (".so", ".cpp")], "files left behind"
 
 
+def test_a_write_cut_short_leaves_no_temporary_file(cache, monkeypatch) -> None:
+    import errno
+
+    class Full(io.BytesIO):
+        def write(self, data):  # type: ignore[no-untyped-def]
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    disk_cache.cache_dir()
+    monkeypatch.setattr(disk_cache.os, "fdopen", lambda fd, mode: (os.close(fd), Full())[1])
+    with pytest.raises(OSError, match="No space"):
+        disk_cache.store(cache / "entry.pkl", b"data")
+    assert not list(cache.iterdir())
+
+
 def test_a_compiler_that_never_returns_spends_the_budget_once(cache, tmp_path,
                                                               monkeypatch) -> None:
     monkeypatch.setenv("CXX", str(_stub_compiler(tmp_path, "exec sleep 600\n")))
