@@ -141,13 +141,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.target:
         options["target"] = args.target
     Options.make(options)  # validate (and load user rules) before running anything
+    out = Path(args.out)
+    problem = _unwritable(out)  # found before the script runs, not after
+    if problem:
+        return _fail(f"cannot write the output folder {out}: {problem}")
     report.reset()
     scope, code = run_script(args.script, options)
     if scope is None:
         return code
     aot = _compile_ahead_of_time(scope, options)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     data = {
         "rewritec": __version__,
         "script": args.script,
@@ -155,11 +157,27 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "ahead_of_time": aot,
         "graphs": [r.to_json() for r in report.RECORDS],
     }
-    (out / "report.json").write_text(json.dumps(data, indent=2, default=str))
+    try:
+        (out / "report.json").write_text(json.dumps(data, indent=2, default=str))
+    except OSError as e:
+        return _fail(f"cannot write {out / 'report.json'}: {e.strerror or e}")
     if not args.quiet:
         print(report.summary_table(report.RECORDS))
         print(f"\nartifacts: {out}{os.sep} (report.json, captured/final graphs, generated code)")
     return 0
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why the artifact folder `out` cannot be made or written, or None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return e.strerror or str(e)
+    if not out.is_dir():
+        return "it is not a folder"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
 
 
 def _compile_ahead_of_time(scope: dict[str, Any], options: dict[str, Any]) -> dict[str, Any] | None:

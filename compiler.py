@@ -274,7 +274,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
 
         prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
                                    strict=opts.strict, out_dir=opts.out_dir, name=name,
-                                   bridge=bridge)
+                                   bridge=bridge, contract=opts.fast_math,
+                                   budget_s=opts.compile_budget)
         graph, launchers = prepared.graph, prepared.launchers
         parts["kernel_fallbacks"] = prepared.failed
         rec.kernels.extend(prepared.records)

@@ -6,7 +6,8 @@ fill in what the call leaves out: REWRITEC_RULES (extra rule paths, separated
 by os.pathsep), REWRITEC_DEBUG (0-3), REWRITEC_STRICT=1, REWRITEC_TARGET,
 REWRITEC_STATS=1 (print per-rule statistics when the process exits),
 REWRITEC_CONV_LAYOUT (auto, channels_last or keep), REWRITEC_CUDAGRAPHS (auto,
-on or off), REWRITEC_GRAPH_CACHE=0 (no graph cache).
+on or off), REWRITEC_GRAPH_CACHE=0 (no graph cache), REWRITEC_COMPILE_BUDGET
+(seconds of C++ compiler time per graph).
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class Options:
     # the same TorchDynamo graph comes again, skipping AOTAutograd, the rules and code
     # generation (frontend/graph_cache.py). REWRITEC_GRAPH_CACHE=0 turns it off.
     graph_cache: bool = True
+    # Seconds of C++ compiler time one graph may spend (REWRITEC_COMPILE_BUDGET); once
+    # spent, its kernels left fall back to ATen with a warning, so a compiler that
+    # never returns stalls a compilation that long at most. None: no budget (each
+    # build still stops after codegen/build.py: BUILD_TIMEOUT_S).
+    compile_budget: float | None = 120.0
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
@@ -112,6 +118,12 @@ class Options:
                                 f"not {given['cudagraphs']!r}")
         given.setdefault("graph_cache",
                          os.environ.get("REWRITEC_GRAPH_CACHE", "1") not in ("0", ""))
+        if "compile_budget" not in given and os.environ.get("REWRITEC_COMPILE_BUDGET"):
+            try:
+                given["compile_budget"] = float(os.environ["REWRITEC_COMPILE_BUDGET"])
+            except ValueError:
+                raise RewritecError("REWRITEC_COMPILE_BUDGET must be a number of seconds, "
+                                    f"not {os.environ['REWRITEC_COMPILE_BUDGET']!r}") from None
         if "disable" in given:
             given["disable"] = tuple(given["disable"])
         return cls(**given)

@@ -52,12 +52,12 @@ def _builtin() -> tuple[tuple[Rule, ...], OpTable]:
     the engine.
 
     Like Python's bytecode, the parsed table is kept beside its sources, in
-    `rules/__pycache__/`, when the installation is writable, and in the kernel
-    cache (a user-only folder) otherwise; each copy is checked against its
-    recorded hash before it is unpickled. The table depends on no program being
-    compiled, so emptying the compile caches keeps it, as it keeps the `.pyc`
-    files. Parsing the YAML and the 230-odd expressions costs 0.15 s of a cold
-    compile on a 2-core CPU and 0.1-0.2 s on an H100 host; loading the table 2 ms,
+    `rules/__pycache__/`, when the installation is writable by this user alone, and
+    in the kernel cache otherwise; each copy is unpickled only if its digest, signed
+    with this user's key (codegen/disk_cache.py), vouches for it. The table
+    depends on no program being compiled, so emptying the compile caches keeps it,
+    as it keeps the `.pyc` files. Parsing the YAML and the 230-odd expressions costs
+    0.15 s of a cold compile on a 2-core CPU and 0.1-0.2 s on an H100 host; loading the table 2 ms,
     and a compilation then neither imports PyYAML nor reads `rules/ops.yaml`
     (15 ms on the 2-core CPU). The engine's `default_op_table` serves the op table
     loaded here."""
@@ -85,7 +85,7 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
     import pickle
 
     from . import __version__
-    from .codegen.build import _publish, _verified, cache_dir
+    from .codegen.disk_cache import cache_dir, folder_problem, read_verified, store
 
     engine = Path(__file__).resolve().parent / "engine"
     sources = sorted(RULES_DIR.rglob("*.yaml")) + sorted(engine.glob("*.py")) \
@@ -97,19 +97,22 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
         st = f.stat()
         key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     name = f"rules-{key.hexdigest()[:24]}.pickle"
-    places = [COMPILED_DIR, cache_dir()]
+    # rules/__pycache__ only where it is this user's own folder (as the cache is):
+    # a table is unpickled, so one written by someone else is never read
+    places = [p for p in (COMPILED_DIR, cache_dir()) if folder_problem(p, create=False) is None]
     for place in places:
-        if _verified(place / name):
-            return pickle.loads((place / name).read_bytes())
+        data = read_verified(place / name)
+        if data is not None:
+            return pickle.loads(data)
     rules = tuple(_load([RULES_DIR], builtin=True))
     table = default_op_table()
     data = pickle.dumps((rules, table))
-    for place in places:
+    for place in [COMPILED_DIR, cache_dir()]:
         try:
-            place.mkdir(exist_ok=True)
-            tmp = place / f"{name}.{os.getpid()}.tmp"
-            tmp.write_bytes(data)
-            _publish(tmp, place / name)
+            place.mkdir(exist_ok=True, mode=0o700)
+            if folder_problem(place, create=False) is not None:
+                continue
+            store(place / name, data)
             if place == COMPILED_DIR:  # one table per installation, as one .pyc per module
                 for old in place.glob("rules-*.pickle*"):
                     if not old.name.startswith(name):
@@ -158,7 +161,6 @@ def cmd_rules(args: argparse.Namespace) -> int:
             print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}")
         print(f"\n{len(rules)} rules")
         return 0
-    import os
 
     import torch
 

@@ -332,7 +332,9 @@ class Recorder:
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            self.calls.append((self.kernel, grid, args, kwargs))
+            # with the kernel's own compile options, as DirectKernel launches it
+            options = getattr(self.kernel, "options", None) or {}
+            self.calls.append((self.kernel, grid, args, {**kwargs, **options}))
 
         return launch
 

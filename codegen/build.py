@@ -1,39 +1,55 @@
 """Building and loading generated kernels, through an on-disk cache.
 
 - C++ (OpenMP): compiled with the system compiler (`$CXX`, default g++) as
-  `-O3 -march=native -fopenmp -shared -fPIC` and loaded with ctypes.
+  `-O3 -march=native -fopenmp -ffp-contract=off -shared -fPIC` and loaded with
+  ctypes (no multiply-add contraction, so results round as ATen's, unless fast_math).
 - Triton: the source is written to a file (Triton's JIT reads it back) and
   imported; `@triton.jit` compiles it on first launch.
 
-The cache (`$REWRITEC_CACHE_DIR`, default `~/.cache/rewritec`) is created
-user-only (0700). An entry is keyed by the sha256 of source, flags and
-compiler; beside each artifact a `.sha256` file holds the artifact's own
-hash, and an artifact whose bytes do not match is rebuilt, never loaded.
-Writers build into a private temporary file and publish with an atomic
-rename, so processes filling the cache at once never see half a file.
+The cache (`$REWRITEC_CACHE_DIR`, default `~/.cache/rewritec`; what is trusted
+in it: codegen/disk_cache.py) is keyed by the sha256 of source, flags, compiler
+and the target CPU (`target`); beside each artifact a `.sha256` file holds its
+hash, target and this user's HMAC of both, and an artifact that does not match
+is rebuilt, never loaded. Writers build into a private temporary file and
+publish with an atomic rename, so processes filling the cache at once never see
+half a file. A graph's builds share a compile budget (`budget`): a compiler that
+never returns costs that much once, and the graph's remaining groups fall back.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
+import platform
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from . import triton_startup
+from .disk_cache import (cache_dir, configured_root, give_up, publish, read_verified, store,
+                         verified)
 
 # -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
 # -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
 # sincosf, which libmvec cannot vectorize (sin(x)^2 + cos(x)^2 ran 3x slower than
 # eager); kernels call sinf/cosf by name instead (codegen/kernels.py: PLAIN_CALLS).
-CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-builtin-sinf",
-             "-fno-builtin-cosf", "-fno-builtin-sin", "-fno-builtin-cos", "-shared", "-fPIC",
-             "-std=c++17")
+# -ffp-contract=off: GCC otherwise fuses `a*b + c` into one FMA, rounded once where
+# ATen rounds twice (1 ulp off, and `b + 2*a` finite where eager overflows to inf);
+# `fast_math` kernels may contract (CONTRACT_FLAG replaces it).
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off",
+             "-fno-builtin-sinf", "-fno-builtin-cosf", "-fno-builtin-sin", "-fno-builtin-cos",
+             "-shared", "-fPIC", "-std=c++17")
+CONTRACT_FLAG = "-ffp-contract=fast"
 # Not builtins under CXX_FLAGS: their declarations must say that they only
 # compute (const) for the vectorizer to call their libmvec versions.
 PURE_CALLS = ("sinf", "cosf", "sin", "cos")
@@ -53,43 +69,21 @@ class BuildError(Exception):
     """A kernel could not be built; its group falls back to ATen."""
 
 
-def cache_dir() -> Path:
-    root = Path(os.environ.get("REWRITEC_CACHE_DIR") or Path.home() / ".cache" / "rewritec")
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(root, 0o700)
-    return root
+class BudgetSpent(BuildError):
+    """The graph's compile budget ran out; this group and the rest fall back."""
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_publish = publish
+
+
 def _verified(path: Path) -> bool:
-    """The artifact exists and matches the hash recorded beside it."""
-    digest = path.with_name(path.name + ".sha256")
-    try:
-        return digest.read_text().strip() == _sha(path.read_bytes())
-    except OSError:
-        return False
-
-
-def _publish(tmp: Path, path: Path) -> None:
-    """Move a finished artifact and its hash into place. Two processes building the
-    same entry at once each hold the entry's lock in turn; the second finds it
-    published and keeps it (their bytes may differ: the compiler records the
-    temporary file names), so an artifact never meets the other's hash."""
-    import fcntl
-
-    lock = path.with_name(path.name + ".lock")
-    with open(lock, "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if _verified(path):
-            tmp.unlink(missing_ok=True)
-            return
-        digest_tmp = tmp.with_name(tmp.name + ".sha256")
-        digest_tmp.write_text(_sha(tmp.read_bytes()))
-        os.replace(tmp, path)
-        os.replace(digest_tmp, path.with_name(path.name + ".sha256"))
+    """A kernel artifact in the cache vouched for: a library built for this CPU
+    (`target`), or a Triton module."""
+    return verified(path, target() if path.suffix == ".so" else "")
 
 
 @cache
@@ -103,15 +97,73 @@ def cxx() -> str | None:
 def _cxx_version(compiler: str) -> str:
     try:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout.splitlines()[0]
+                              timeout=10).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         return compiler
 
 
 @cache
+def target() -> str:
+    """What `-march=native` builds for on this machine: the CPU's vendor, family,
+    model and feature flags (from /proc/cpuinfo; the machine name elsewhere), as a
+    short hash. It is part of every kernel's key and recorded beside its library,
+    so a cache shared between machines never loads a library built for another
+    CPU (it would die of SIGILL on an instruction this one lacks)."""
+    fields = {"vendor_id", "cpu family", "model", "flags", "isa", "cpu model", "features",
+              "cpu implementer", "cpu architecture", "cpu variant", "cpu part"}
+    lines = [platform.machine()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                name, _, value = line.partition(":")
+                if name.strip().lower() in fields:
+                    lines.append(f"{name.strip()}={value.strip()}")
+    except OSError:
+        lines.append(platform.processor())
+    return _sha("\n".join(lines).encode())[:16]
+
+
+# What is left of the current graph's compile budget (see `budget`).
+_deadline: ContextVar[float | None] = ContextVar("rewritec_build_deadline", default=None)
+# The longest one build may take, budget or not.
+BUILD_TIMEOUT_S = 300.0
+
+
+@contextmanager
+def budget(seconds: float | None) -> Iterator[None]:
+    """Builds inside share `seconds` of compiler time; once spent, the rest fail
+    at once (their groups fall back to ATen) instead of each waiting out a
+    compiler that never returns."""
+    token = _deadline.set(None if seconds is None else time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def _time_left() -> float:
+    deadline = _deadline.get()
+    if deadline is None:
+        return BUILD_TIMEOUT_S
+    left = min(BUILD_TIMEOUT_S, deadline - time.monotonic())
+    if left <= 0:
+        raise BudgetSpent("the graph's compile budget is spent (REWRITEC_COMPILE_BUDGET)")
+    return left
+
+
+_vector_math: tuple[str, ...] | None = None
+
+
 def vector_math_decls() -> tuple[str, ...]:
     """The `simd` declarations of VECTOR_MATH, if this machine's libmvec has them
-    (probed once: a kernel that fails to load would otherwise fall back)."""
+    (probed once: a kernel that fails to load would otherwise fall back). A probe
+    cut short by the compile budget is tried again by the next graph."""
+    global _vector_math
+    if _vector_math is not None:
+        return _vector_math
+
     def attrs(decl: str) -> str:
         name = decl.split("(")[0].split()[-1]
         return '"notinbranch"), const, nothrow' if name in PURE_CALLS else '"notinbranch")'
@@ -127,58 +179,111 @@ def vector_math_decls() -> tuple[str, ...]:
              "std::tanh(b[i]) + std::pow(b[i], b[i]);\n}\n")
     try:
         build_cpp(probe, "probe")
-    except BuildError:
+    except BudgetSpent:
         return ()
+    except BuildError:
+        _vector_math = ()
+        return ()
+    _vector_math = decls
     return decls
 
 
-def build_cpp(source: str, symbol: str) -> tuple[Any, Path]:
-    """Compile (or fetch from the cache) and return (the C function, source path)."""
+def cxx_flags(contract: bool = False) -> tuple[str, ...]:
+    """The compiler flags; `contract` (fast_math) lets GCC fuse multiply-adds."""
+    if not contract:
+        return CXX_FLAGS
+    return tuple(CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in CXX_FLAGS)
+
+
+def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Path]:
+    """Compile (or fetch from the cache) and return (the C function, source path).
+    `contract` allows FMA contraction (fast_math); off, results round as ATen's."""
     compiler = cxx()
     if compiler is None:
         raise BuildError("no C++ compiler found (set CXX or install g++)")
-    key = _sha("\n".join([source, " ".join(CXX_FLAGS), _cxx_version(compiler)]).encode())
-    root = cache_dir()
-    src, lib = root / f"{key}.cpp", root / f"{key}.so"
-    if not _verified(lib):
-        fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        tmp_src = tmp.with_suffix(".cpp")
-        tmp_src.write_text(source)
+    flags = cxx_flags(contract)
+    key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler), target()]).encode())
+    try:
+        root = cache_dir()
+        lib = _build_into(root, key, source, compiler, flags)
+    except OSError as e:  # the cache folder cannot be written (full disk, removed)
         try:
-            proc = subprocess.run([compiler, *CXX_FLAGS, str(tmp_src), "-o", str(tmp)],
-                                  capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise BuildError(f"{compiler} failed to run: {e}") from None
-        finally:
-            if not src.exists():
-                os.replace(tmp_src, src)
-            else:
-                tmp_src.unlink(missing_ok=True)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            first = "\n".join(proc.stderr.strip().splitlines()[:6])
-            raise BuildError(f"{compiler} rejected the kernel:\n{first}")
-        _publish(tmp, lib)
+            root = give_up(configured_root(), e.strerror or str(e))
+            lib = _build_into(root, key, source, compiler, flags)
+        except OSError as e:
+            raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
     try:
         fn = getattr(ctypes.CDLL(str(lib)), symbol)
     except (OSError, AttributeError) as e:
         raise BuildError(f"cannot load {lib.name}: {e}") from None
-    return fn, src
+    return fn, root / f"{key}.cpp"
+
+
+def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[str, ...]
+                ) -> Path:
+    """The verified library of `key` in `root`, built there first if need be; the
+    temporary files go, whatever happens."""
+    src, lib = root / f"{key}.cpp", root / f"{key}.so"
+    if verified(lib, target()):
+        return lib
+    fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    tmp_src = tmp.with_suffix(".cpp")
+    try:
+        tmp_src.write_text(source)
+        _compile(compiler, [*flags, str(tmp_src), "-o", str(tmp)])
+        if not src.exists():
+            os.replace(tmp_src, src)
+        publish(tmp, lib, target())
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp_src.unlink(missing_ok=True)
+    return lib
+
+
+def _compile(compiler: str, args: list[str]) -> None:
+    """Run the compiler within what is left of the budget; on a timeout, its whole
+    process group goes (g++ leaves cc1plus running otherwise)."""
+    limit = _time_left()
+    try:
+        proc = subprocess.Popen([compiler, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as e:
+        raise BuildError(f"{compiler} failed to run: {e}") from None
+    try:
+        _, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        if _deadline.get() is not None and _deadline.get() - time.monotonic() <= 0:
+            raise BudgetSpent(f"{compiler} ran past the graph's compile budget "
+                              f"(REWRITEC_COMPILE_BUDGET)") from None
+        raise BuildError(f"{compiler} did not finish within {limit:.0f} s") from None
+    if proc.returncode != 0:
+        if "No space left on device" in stderr:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        first = "\n".join(stderr.strip().splitlines()[:6])
+        raise BuildError(f"{compiler} rejected the kernel:\n{first}")
 
 
 def triton_module(source: str) -> Path:
     """Write (or reuse) the module file of a Triton kernel's source; Triton's JIT
     reads its kernels' source back from their file."""
     key = _sha(source.encode())
-    root = cache_dir()
+    try:
+        return _module_into(cache_dir(), key, source)
+    except OSError as e:  # the cache folder cannot be written (full disk, removed)
+        try:
+            return _module_into(give_up(configured_root(), e.strerror or str(e)), key, source)
+        except OSError as e:
+            raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
+
+
+def _module_into(root: Path, key: str, source: str) -> Path:
     path = root / f"{key}.py"
-    if not _verified(path) or path.read_text() != source:
-        fd, tmp_name = tempfile.mkstemp(suffix=".py", prefix=f".{key}.", dir=root)
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        _publish(Path(tmp_name), path)
+    if read_verified(path) != source.encode():
+        store(path, source.encode())
     return path
 
 

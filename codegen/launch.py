@@ -154,6 +154,9 @@ class KernelRecipe:
     target: str  # triton | openmp
     source: str
     launcher: str  # the Launcher class's name
+    # fast_math: let the compiler fuse `a*b + c` into one FMA (C++ -ffp-contract=fast,
+    # Triton's enable_fp_fusion); off, each operation rounds as ATen's does.
+    contract: bool = False
 
     def build(self, spec: KernelSpec, fallback: Callable[..., torch.Tensor],
               lazy: bool = False) -> tuple[Launcher, Path]:
@@ -162,20 +165,22 @@ class KernelRecipe:
         cls: Any = _launcher_type(self.launcher)
         if self.target == "triton":
             path = triton_module(self.source)
-            fn = _direct(self.source, path, spec.name, lazy)
+            fn = _direct(self.source, path, spec.name, lazy, self.contract)
             if self.launcher == "ReductionTritonLauncher":
-                combine = _direct(self.source, path, f"{spec.name}_combine", lazy)
+                combine = _direct(self.source, path, f"{spec.name}_combine", lazy,
+                                  self.contract)
                 launcher = cls(spec, fn, combine, fallback)
             else:
                 launcher = cls(spec, fn, fallback)
         else:
-            fn, path = build_cpp(self.source, spec.name)
+            fn, path = build_cpp(self.source, spec.name, self.contract)
             launcher = cls(spec, fn, fallback)
         launcher.recipe = self
         return launcher, path
 
 
-def _direct(source: str, path: Path, symbol: str, lazy: bool) -> DirectKernel:
+def _direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
+            ) -> DirectKernel:
     """Kernel `symbol` of `source` (written to `path`), launched through its compiled
     binary after its first call, and through a binary stored by an earlier process
     or compiled by the compile worker where one is (static_launch.py, ahead.py).
@@ -188,10 +193,14 @@ def _direct(source: str, path: Path, symbol: str, lazy: bool) -> DirectKernel:
             from . import ahead
 
             lazy = ahead.running()
+    # Triton fuses multiply-adds unless told not to (Inductor too, unless it emulates
+    # eager's precision): every launch passes the choice, so it is in every call key
+    options = {"enable_fp_fusion": contract}
     if lazy:
         return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries,
-                            path=path, symbol=symbol)
-    return DirectKernel(load_triton(path, symbol), binaries=binaries, path=path, symbol=symbol)
+                            path=path, symbol=symbol, options=options)
+    return DirectKernel(load_triton(path, symbol), binaries=binaries, path=path, symbol=symbol,
+                        options=options)
 
 
 def launcher_class(spec: KernelSpec, target: str) -> str:

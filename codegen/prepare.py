@@ -19,7 +19,7 @@ import torch
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import Bridge
 from .attention import attention_spec, render_attention
-from .build import BuildError
+from .build import BudgetSpent, BuildError, budget
 from .kernels import RenderError, render, spec_of
 from .launch import KernelFallback, KernelRecipe, launcher_class
 from .reduction import reduction_spec, render_reduction
@@ -55,15 +55,34 @@ def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
 
 def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
                     out_dir: str | None, name: str, bridge: Bridge | None = None,
-                    warn: Callable[[str], None] | None = None) -> Prepared:
-    """Build every kernel term of `graph`; failed ones go back to their ATen body."""
+                    warn: Callable[[str], None] | None = None,
+                    contract: bool = False, budget_s: float | None = None) -> Prepared:
+    """Build every kernel term of `graph`; failed ones go back to their ATen body.
+    `contract` (fast_math) lets the kernels' compiler fuse multiply-adds; the
+    builds share `budget_s` seconds of compiler time, and once it is spent the
+    kernels left fall back together, with one warning."""
+    with budget(budget_s):
+        return _prepare(graph, store, target, strict=strict, out_dir=out_dir, name=name,
+                        bridge=bridge, warn=warn, contract=contract, budget_s=budget_s)
+
+
+def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
+             out_dir: str | None, name: str, bridge: Bridge | None,
+             warn: Callable[[str], None] | None, contract: bool,
+             budget_s: float | None) -> Prepared:
     prepared = Prepared(graph)
     failed: dict[Term, Term] = {}
     order = graph.terms()
+    spent: list[str] = []  # the kernels left when the budget ran out
+    say = warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=4))
     for t in order:
         if t.op != "kernel":
             continue
         index = len(prepared.launchers) + len(failed)
+        if spent:
+            spent.append(str(t.attr("rule")))
+            failed[t] = inline_body(t, store)
+            continue
         try:
             reduction = t.attr("template") == "reduction"
             attention = t.attr("template") == "attention"
@@ -82,8 +101,16 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                       render_attention(spec) if attention else
                       render_row_looped(spec) if spec.template == "row_looped" else
                       render(spec, target))
-            recipe = KernelRecipe(target, source, launcher_class(spec, target))
+            recipe = KernelRecipe(target, source, launcher_class(spec, target), contract)
             launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
+        except BudgetSpent as e:
+            if strict:
+                from ..engine.errors import CompileError
+
+                raise CompileError(f"rewritec: graph {name}: {e}") from None
+            spent.append(str(t.attr("rule")))
+            failed[t] = inline_body(t, store)
+            continue
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
                        f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
@@ -91,7 +118,7 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                 from ..engine.errors import CompileError
 
                 raise CompileError(message) from None
-            (warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=3)))(message)
+            say(message)
             failed[t] = inline_body(t, store)
             continue
         launcher.strict = strict
@@ -107,6 +134,10 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
                                  "rules": [spec.rule], "template": f"{target}/{spec.template}",
                                  "replaced_ops": spec.replaced_ops,
                                  "order": spec.meta.get("order")})
+    if spent:
+        say(f"rewritec: graph {name}: the compile budget ({budget_s:g} s, "
+            f"REWRITEC_COMPILE_BUDGET) is spent; {len(spent)} kernel(s) left fall back "
+            f"to ATen (rules {', '.join(sorted(set(spent)))})")
     if failed:
         prepared.graph = _substitute(graph, store, failed)
         prepared.failed = len(failed)

@@ -15,7 +15,8 @@ A binary is found only under the key it was stored with: the kernel's source,
 the call signature (codegen/triton_direct.py: `_signature`, finer than
 Triton's specialization), the constexpr and launch options, the device's
 compute capability, a fingerprint of Triton's installed files and the TRITON_*
-settings. Each file is checked against its recorded hash before it is loaded.
+settings. Each file is checked against its recorded hash and this user's key
+(codegen/disk_cache.py) before it is loaded.
 Kernels that need what the static launcher does not do (clusters, cooperative
 or PDL launches, tensor descriptors, scratch memory) are not stored and keep
 Triton's JIT. Any failure to store or load only means the JIT launches.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -108,11 +108,9 @@ def _fingerprint() -> str:
 
 
 def _root() -> Path:
-    from .build import cache_dir
+    from .disk_cache import subdir
 
-    root = cache_dir() / "binaries"
-    root.mkdir(mode=0o700, exist_ok=True)
-    return root
+    return subdir("binaries")
 
 
 class Binaries:
@@ -138,15 +136,12 @@ class Binaries:
             if described is None:
                 return None
             meta, cubin = described
-            from .build import _publish, _verified
+            from .disk_cache import store, verified
 
             root, key = _root(), self._key(call, device)
-            if not _verified(root / f"{key}.json"):
-                for suffix, data in ((".cubin", cubin), (".json", json.dumps(meta).encode())):
-                    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=root)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    _publish(Path(tmp), root / f"{key}{suffix}")
+            if not verified(root / f"{key}.json"):
+                store(root / f"{key}.cubin", cubin)
+                store(root / f"{key}.json", json.dumps(meta).encode())
             if grid is None:
                 return None
             # the binary in hand is the one stored: no need to read it back
@@ -161,14 +156,15 @@ class Binaries:
         if self.failed is not None:
             return None
         try:
-            from .build import _verified
+            from .disk_cache import read_verified
 
             root, key = _root(), self._key(call, device)
             path, cubin = root / f"{key}.json", root / f"{key}.cubin"
-            if not _verified(path) or not _verified(cubin):
+            described, binary = read_verified(path), read_verified(cubin)
+            if described is None or binary is None:  # absent, damaged or not this user's
                 return None
-            meta = json.loads(path.read_text())
-            if hashlib.sha256(cubin.read_bytes()).hexdigest() != meta["cubin"]:
+            meta = json.loads(described)
+            if hashlib.sha256(binary).hexdigest() != meta["cubin"]:
                 return None
             return _launcher(meta, str(cubin), device, grid)
         except Exception as e:  # noqa: BLE001 - a binary that does not load: the JIT

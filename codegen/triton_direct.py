@@ -79,8 +79,10 @@ class DirectKernel:
     def __init__(self, jit: Any = None, params: list[tuple[str, bool]] | None = None,
                  device: Callable[[], int] = _current_device, *,
                  load: Callable[[], Any] | None = None, binaries: Any = None,
-                 path: Any = None, symbol: str | None = None) -> None:
+                 path: Any = None, symbol: str | None = None,
+                 options: dict[str, Any] | None = None) -> None:
         self._jit_fn = jit
+        self.options = options or {}  # compile options every launch passes
         self._load = load
         self.path = path
         self.symbol = symbol
@@ -109,7 +111,8 @@ class DirectKernel:
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
-            return self.launch(grid, args, kwargs)
+            return self.launch(grid, args, {**kwargs, **self.options} if self.options
+                               else kwargs)
 
         return launch
 

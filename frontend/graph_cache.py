@@ -22,8 +22,9 @@ options, grad and autocast modes, the versions of torch and Triton, and the byte
 of rewritec's code, rules and templates (and of any rule files given), so an
 edit to a rule is never served a stale entry.
 
-Entries live in `$REWRITEC_CACHE_DIR/graphs/` (user-only, like the kernel cache;
-each file carries its sha256 beside it). `graph_cache=False` or
+Entries live in `$REWRITEC_CACHE_DIR/graphs/`, trusted as the kernel cache is
+(codegen/disk_cache.py: this user's folder, each file signed with this user's
+key), and are unpickled with a fixed table of the names they may use. `graph_cache=False` or
 REWRITEC_GRAPH_CACHE=0 turns the cache off; it is also off under `debug` and
 `out_dir`, whose output comes from compiling.
 """
@@ -37,7 +38,6 @@ import io
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -241,13 +241,9 @@ def save(key: str, art: Artifact) -> None:
         entry = _entry(art)
         buf = io.BytesIO()
         _Pickler(buf).dump(entry)
-        from ..codegen.build import _publish
+        from ..codegen.disk_cache import store
 
-        root = _dir()
-        fd, tmp = tempfile.mkstemp(suffix=".pkl", prefix=f".{key}.", dir=root)
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        _publish(Path(tmp), root / f"{key}.pkl")
+        store(_dir() / f"{key}.pkl", buf.getvalue())
     except Exception as e:  # noqa: BLE001 - see the docstring
         _note(f"graph {art.name} not stored: {type(e).__name__}: {e}")
 
@@ -319,7 +315,10 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, torch.Tensor):
             raise Uncacheable("a tensor among the wrapper's values")
         if callable(obj) and not isinstance(obj, type):
-            return ("fn", *_callable_ref(obj))
+            ref = _callable_ref(obj)
+            if _ALLOWED_FNS.get(ref) is not obj:
+                raise Uncacheable(f"call of {obj!r}, which entries may not name")
+            return ("fn", *ref)
         return None
 
 
@@ -327,33 +326,43 @@ class _Pickler(pickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
+    """Plain data, rewritec's own classes, and torch values by name: each reference
+    is looked up in a fixed table, or checked to be of the type it claims, so that
+    an entry never names a function to call (eval, torch.load, ...)."""
+
     def persistent_load(self, pid: Any) -> Any:
+        if not isinstance(pid, tuple) or not pid or not all(isinstance(p, str) for p in pid):
+            raise pickle.UnpicklingError("malformed reference")
         kind = pid[0]
-        if kind == "op":
+        if kind == "op" and len(pid) == 4:
             _, ns, name, overload = pid
             if ns == "rewritec":
                 from . import attention  # noqa: F401 - defines rewritec::attention
-            return getattr(getattr(getattr(torch.ops, ns), name), overload)
-        if kind == "packet":
+            return _checked(_op(ns, name, overload), torch._ops.OpOverload, pid)
+        if kind == "packet" and len(pid) == 2 and pid[1].count("::") == 1:
             ns, name = pid[1].split("::")
-            return getattr(getattr(torch.ops, ns), name)
-        if kind == "torch":
-            return getattr(torch, pid[1])
-        if kind == "device":
+            return _checked(_op(ns, name), torch._ops.OpOverloadPacket, pid)
+        if kind == "torch" and len(pid) == 2:
+            value = getattr(torch, pid[1], None) if pid[1].isidentifier() else None
+            return _checked(value, (torch.dtype, torch.layout, torch.memory_format), pid)
+        if kind == "device" and len(pid) == 2:
             return torch.device(pid[1])
-        if kind == "fn":
-            _, module, qualname = pid
-            if module.split(".")[0] in TARGET_MODULES:
-                obj = _resolve(module, qualname)
-                if obj is not None:
-                    return obj
-            raise pickle.UnpicklingError(f"cannot find {module}.{qualname}")
-        raise pickle.UnpicklingError(f"unknown reference {kind}")
+        if kind == "fn" and len(pid) == 3 and (pid[1], pid[2]) in _ALLOWED_FNS:
+            return _ALLOWED_FNS[(pid[1], pid[2])]
+        raise pickle.UnpicklingError(f"reference {pid!r} is not expected in a graph entry")
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("rewritec.") or (module, name) in _PLAIN:
+        if (module, name) in _PLAIN or (module.startswith("rewritec.") and _is_class(module, name)):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not expected in a graph entry")
+
+
+def _is_class(module: str, name: str) -> bool:
+    """A class of rewritec's (never one of its functions, which could build code)."""
+    try:
+        return isinstance(getattr(importlib.import_module(module), name, None), type)
+    except ImportError:
+        return False
 
 
 _PLAIN = {("builtins", "slice"), ("builtins", "set"), ("builtins", "frozenset"),
@@ -361,17 +370,64 @@ _PLAIN = {("builtins", "slice"), ("builtins", "set"), ("builtins", "frozenset"),
           ("builtins", "object")}
 
 
+def _op(ns: str, *names: str) -> Any:
+    """torch.ops.<ns>.<name>[.<overload>], without touching torch.ops' own methods."""
+    if not all(n.isidentifier() and not n.startswith("_") for n in (ns, *names)):
+        return None
+    try:
+        obj: Any = getattr(torch.ops, ns)
+        if not isinstance(obj, torch._ops._OpNamespace):
+            return None
+        for n in names:
+            obj = getattr(obj, n)
+        return obj
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _checked(value: Any, kind: Any, pid: tuple[str, ...]) -> Any:
+    if not isinstance(value, kind):
+        raise pickle.UnpicklingError(f"reference {pid!r} is not a {kind}")
+    return value
+
+
+def _allowed_fns() -> dict[tuple[str, str], Any]:
+    """The functions an entry may name: pure arithmetic of `operator` and `math`
+    (the targets a Dynamo graph calls besides ATen ops), never a door to code
+    (eval, getattr, operator.call, torch.load)."""
+    import math
+    import operator
+
+    pure_operator = ("abs add and_ concat contains eq floordiv ge getitem gt index inv "
+                     "invert is_ is_not le lshift lt matmul mod mul ne neg not_ or_ pos pow "
+                     "rshift sub truediv truth xor").split()
+    pure_math = ("ceil floor trunc sqrt exp log log2 log10 log1p expm1 sin cos tan asin acos "
+                 "atan atan2 sinh cosh tanh asinh acosh atanh fabs fmod copysign isnan isinf "
+                 "isfinite gcd lcm pow erf erfc gamma lgamma radians degrees hypot "
+                 "prod fsum").split()
+    table: dict[tuple[str, str], Any] = {}
+    for module, names in ((operator, pure_operator), (math, pure_math)):
+        for name in names:
+            fn = getattr(module, name, None)
+            if fn is not None:
+                table[(fn.__module__, name)] = fn
+    for fn in (abs, min, max, round, divmod, len):
+        table[("builtins", fn.__name__)] = fn
+    return table
+
+
+_ALLOWED_FNS = _allowed_fns()
 def load(key: str, inputs: list[Any], params: list[bool], opts: Any,
          recompile: Callable[[list[Any], bool], Any]) -> Any:
     """The stored graph under `key` as a Dynamo-callable, or None (not stored, or not
     loadable: the caller compiles, and the new entry replaces this one)."""
-    from ..codegen.build import _verified
+    from ..codegen.disk_cache import read_verified
 
     try:
-        path = _dir() / f"{key}.pkl"
-        if not _verified(path):
+        data = read_verified(_dir() / f"{key}.pkl")
+        if data is None:  # not stored, damaged, or not written by this user
             return None
-        entry = _Unpickler(io.BytesIO(path.read_bytes())).load()
+        entry = _Unpickler(io.BytesIO(data)).load()
         return _rebuild(entry, inputs, params, opts, recompile)
     except Exception as e:  # noqa: BLE001 - a bad entry or cache is a miss, never a failure
         _note(f"graph cache entry {key[:16]} not loaded: {type(e).__name__}: {e}")
@@ -462,11 +518,9 @@ class CachedGraph:
 
 
 def _dir() -> Path:
-    from ..codegen.build import cache_dir
+    from ..codegen.disk_cache import subdir
 
-    root = cache_dir() / "graphs"
-    root.mkdir(mode=0o700, exist_ok=True)
-    return root
+    return subdir("graphs")
 
 
 def _note(line: str) -> None:

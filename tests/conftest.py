@@ -22,6 +22,9 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 # Tests build kernels into a private cache, never the user's ~/.cache/rewritec.
 os.environ.setdefault("REWRITEC_CACHE_DIR", tempfile.mkdtemp(prefix="rewritec-test-cache-"))
+# ... and sign its entries with a key of their own, never the user's.
+os.environ.setdefault("REWRITEC_KEY_FILE", os.path.join(
+    tempfile.mkdtemp(prefix="rewritec-test-key-"), "cache.key"))
 # Every test compiles: a graph another test stored would otherwise be loaded from the
 # graph cache, skipping what the test checks. tests/test_graph_cache.py turns it on.
 os.environ["REWRITEC_GRAPH_CACHE"] = "0"
