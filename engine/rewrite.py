@@ -23,7 +23,8 @@ from typing import Any
 from .errors import RewriteStop
 from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
-from .pattern import Builder, Failure, Matcher
+from .acmatch import Flat, MatchBudget
+from .pattern import MATCH_BUDGET, Builder, Failure, Matcher, Rest
 from .rules import ATTR_FUNCS, Rule
 from .term import Graph, Term, TermStore, render
 
@@ -34,6 +35,7 @@ class RuleStats:
     matched: int = 0
     rejected_guard: int = 0
     rejected_meta: int = 0
+    gave_up: int = 0  # matches stopped by the match budget
     fired: int = 0
     seconds: float = 0.0
 
@@ -86,7 +88,7 @@ class Rewriter:
                  folder: Folder | None = None, is_frozen: Callable[[Term], bool] | None = None,
                  budget: int | None = None, log: Log | None = None,
                  stats: dict[str, RuleStats] | None = None,
-                 explain: Explanation | None = None) -> None:
+                 explain: Explanation | None = None, match_budget: int = MATCH_BUDGET) -> None:
         self.store = store
         self.table = table
         self.index = index_rules(rules)
@@ -95,12 +97,14 @@ class Rewriter:
         self.log = log
         self.stats = stats if stats is not None else {}
         self.explain = explain
+        self.match_budget = match_budget
         self.users: dict[Term, int] = {}
         self.guards = GuardEval(GuardContext(users=self._users,
                                              is_frozen=is_frozen or (lambda t: False)))
         self.builder = Builder(table, store, ATTR_FUNCS)
         self.fired: Counter[str] = Counter()
         self.steps = 0
+        self.flats: dict[Term, Flat] = {}  # sums flattened for AC matching, this pass
 
     def _users(self, t: Term) -> int:
         if t not in self.users:
@@ -131,6 +135,7 @@ class Rewriter:
 
     def _pass(self, graph: Graph, budget: int) -> Graph:
         self.users = graph.users()
+        self.flats = {}
         self.normal: dict[Term, Term] = {}
         self.active: list[tuple[Term, str]] = []  # (term, rule that rewrote it), for cycles
         self.total_budget = budget
@@ -211,9 +216,9 @@ class Rewriter:
         # the explanation being built for this rule (`rewritec explain`), if any
         explain = self.explain if self.explain is not None and self.explain.rule == rule.name \
             else None
-        matcher = Matcher(self.table)
+        matcher = Matcher(self.table, budget=self.match_budget, flats=self.flats)
         try:
-            for env in matcher.match(rule.pattern, t, {}):
+            for env, rest in matcher.match_root(rule.pattern, t, {}):
                 st.matched += 1
                 failed = next((src for g, src in rule.guards if not self.guards.check(g, env)),
                               None)
@@ -222,30 +227,65 @@ class Rewriter:
                     if explain is not None:
                         explain.consider(Failure(10**6, f"guard `{failed}` is false", t))
                     continue
-                try:
-                    assert rule.replace is not None
-                    replacement = self.builder.term(rule.replace, env)
-                except Exception as e:  # noqa: BLE001 - an op that cannot take these inputs
+                replacement, why = self._replacement(rule, t, env, rest)
+                if replacement is None:
                     st.rejected_meta += 1
                     if explain is not None:
-                        explain.consider(Failure(10**6, f"replacement cannot be built: {e}",
-                                                      t))
-                    continue
-                if not _same_value_type(t, replacement):
-                    st.rejected_meta += 1
-                    if explain is not None:
-                        explain.consider(Failure(
-                            10**6, f"replacement changes the result type "
-                            f"({t.meta.short()} -> {replacement.meta.short()})", t))
+                        explain.consider(Failure(10**6, why, t))
                     continue
                 return replacement
             if explain is not None and matcher.failure is not None:
                 explain.consider(matcher.failure)
             return None
+        except MatchBudget as e:
+            st.gave_up += 1
+            if explain is not None:
+                explain.consider(Failure(10**6, f"gave up: {e}", t))
+            return None
         finally:
             st.seconds += time.perf_counter() - start
             if explain is not None:
                 explain.roots_seen += 1
+
+    def _replacement(self, rule: Rule, t: Term, env: dict[str, Any],
+                     rest: Rest | None) -> tuple[Term | None, str]:
+        """The rule's replacement for `t`, or None and why it is refused."""
+        try:
+            assert rule.replace is not None
+            built = self.builder.term(rule.replace, env)
+            if rest is not None:
+                whole, why = self._reattach(t, rest, built)
+                if whole is None:
+                    return None, why
+                built = whole
+        except Exception as e:  # noqa: BLE001 - an op that cannot take these inputs
+            return None, f"replacement cannot be built: {e}"
+        if not _same_value_type(t, built):
+            return None, (f"replacement changes the result type "
+                          f"({t.meta.short()} -> {built.meta.short()})")
+        return built, ""
+
+    def _reattach(self, t: Term, rest: Rest, replacement: Term) -> tuple[Term | None, str]:
+        """`replacement` stands for the operands `rest.used` of the sum `t`; the sum
+        of the others, in their order, with it where its first operand was. The
+        operands it replaces must have had its type: a regrouping keeps every
+        type promotion where it was (the flattened sums all have t's dtype)."""
+        flat = rest.flat
+        used = flat.pieces(rest.used)
+        part = self._sum(t, [term for _, term in used])
+        if not _same_value_type(part, replacement):
+            return None, (f"replacement changes the type of the operands it replaces "
+                          f"({part.meta.short()} -> {replacement.meta.short()})")
+        pieces = flat.pieces(flat.full & ~rest.used) + [(used[0][0], replacement)]
+        pieces.sort(key=lambda piece: piece[0])
+        return self._sum(t, [term for _, term in pieces]), ""
+
+    def _sum(self, t: Term, terms: list[Term]) -> Term:
+        """terms[0] op terms[1] op ..., grouped from the left, with t's op and attributes."""
+        out = terms[0]
+        for term in terms[1:]:
+            out = self.store.make(t.op, (out, term), t.attrs)
+        return out
 
 
 def _same_value_type(old: Term, new: Term) -> bool:
