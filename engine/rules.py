@@ -121,6 +121,11 @@ class RuleLoader:
             raise RuleError(f"unknown top-level key(s): {', '.join(sorted(map(str, unknown)))}",
                             file_where)
         default_kind = data.get("kind")
+        if default_kind is not None and default_kind not in KINDS:
+            # checked here too: a file whose rules all name their own kind, or that has
+            # none, must not carry a bad one silently
+            raise RuleError(f"kind must be one of {', '.join(KINDS)}, got {default_kind!r}",
+                            _value_where(lines, ("kind",), Where(path_s, lines.get(("kind",), 1))))
         items = data["rules"]
         if not isinstance(items, list):
             raise RuleError("`rules:` must be a list", Where(path_s, lines.get(("rules",), 1)))
