@@ -27,6 +27,7 @@ from typing import Any
 
 from . import syntax as S
 from .acmatch import Flat, MatchBudget, assignments, flatten, is_ac
+from .arith import ARITH
 from .errors import RuleError, Where
 from .guards import DTYPE_NAMES
 from .ops import OpInfo, OpTable
@@ -432,7 +433,7 @@ class Builder:
             return -self.attr(node.operand, env)
         if isinstance(node, S.BinOp):
             a, b = self.attr(node.left, env), self.attr(node.right, env)
-            return _ARITH[node.op](a, b)
+            return ARITH[node.op](a, b)
         if isinstance(node, S.Index):
             return self.attr(node.value, env)[self.attr(node.index, env)]
         if isinstance(node, S.Call) and node.func in self.attr_funcs:
@@ -442,13 +443,3 @@ class Builder:
             return self.attr_funcs[node.func](*args)
         raise TypeError(f"`{S.show(node)}` is not an attribute expression")
 
-
-_ARITH = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
-    "**": lambda a, b: a ** b,
-}
