@@ -8,7 +8,11 @@ nothing (`saturated`).
 
 It stops early, with a reason naming the rules, when:
 - a term rewrites back into itself through a chain of rules (`cycle`);
-- the step budget runs out (`budget`), e.g. a rule that keeps growing a term.
+- the step budget runs out (`budget`), e.g. a rule that keeps growing a term;
+- one term is rewritten MAX_CHAIN times in a row without reaching a normal
+  form (a rule that keeps rewriting its own result);
+- the time budget runs out (`seconds`): each step of a growing term can cost
+  more than the one before, so counting steps alone does not bound the time.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ Folder = Callable[[Term], Term | None]
 Log = Callable[[str], None]
 
 
+# Rewrites in a row at one term (a replacement, rewritten, rewritten again ...):
+# a decomposition chain of the library takes a dozen.
+MAX_CHAIN = 200
+# Per rewrite run (one phase of one graph): GPT-2-sized graphs take a fraction of a
+# second (benchmarks/results/engine.md).
+REWRITE_SECONDS = 60.0
+
+
 class _Cycle(Exception):
     def __init__(self, term: Term, chain: list[str]) -> None:
         self.term = term
@@ -88,7 +100,8 @@ class Rewriter:
                  folder: Folder | None = None, is_frozen: Callable[[Term], bool] | None = None,
                  budget: int | None = None, log: Log | None = None,
                  stats: dict[str, RuleStats] | None = None,
-                 explain: Explanation | None = None, match_budget: int = MATCH_BUDGET) -> None:
+                 explain: Explanation | None = None, match_budget: int = MATCH_BUDGET,
+                 seconds: float = REWRITE_SECONDS) -> None:
         self.store = store
         self.table = table
         self.index = index_rules(rules)
@@ -98,6 +111,8 @@ class Rewriter:
         self.stats = stats if stats is not None else {}
         self.explain = explain
         self.match_budget = match_budget
+        self.seconds = seconds
+        self.deadline = float("inf")
         self.users: dict[Term, int] = {}
         self.guards = GuardEval(GuardContext(users=self._users,
                                              is_frozen=is_frozen or (lambda t: False)))
@@ -114,6 +129,7 @@ class Rewriter:
     # ------------------------------------------------------------------ driver
     def run(self, graph: Graph, max_passes: int = 50) -> RewriteResult:
         budget = self.budget or max(10_000, 50 * len(graph.terms()))
+        self.deadline = time.perf_counter() + self.seconds
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 20_000))
         try:
@@ -130,14 +146,15 @@ class Rewriter:
     def _result(self, graph: Graph, reason: str, passes: int) -> RewriteResult:
         return RewriteResult(graph, self.fired, reason, passes, self.steps, self.stats)
 
-    def _top(self) -> str:
-        return ", ".join(f"{n} x{c}" for n, c in self.fired.most_common(3))
+    def _top(self, counts: bool = True) -> str:
+        return ", ".join(f"{n} x{c}" if counts else n for n, c in self.fired.most_common(3))
 
     def _pass(self, graph: Graph, budget: int) -> Graph:
         self.users = graph.users()
         self.flats = {}
         self.normal: dict[Term, Term] = {}
         self.active: list[tuple[Term, str]] = []  # (term, rule that rewrote it), for cycles
+        self.on_chain: dict[Term, int] = {}  # term -> its index in active
         self.total_budget = budget
         try:
             for t in graph.terms():
@@ -180,9 +197,12 @@ class Rewriter:
         return self.store.make(t.op, args, t.attrs, meta=t.meta)
 
     def _rewrite_root(self, t: Term) -> Term:
-        for i, (term, _) in enumerate(self.active):
-            if term is t:
-                raise _Cycle(t, [name for _, name in self.active[i:]])
+        i = self.on_chain.get(t)
+        if i is not None:
+            raise _Cycle(t, [name for _, name in self.active[i:]])
+        if time.perf_counter() > self.deadline:
+            raise RewriteStop(f"time budget ({self.seconds:g} s) exhausted; rules fired most: "
+                              f"{self._top(counts=False)}")
         for rule in self.index.get(t.op, ()):
             replacement = self._try(rule, t)
             if replacement is None or replacement is t:
@@ -196,11 +216,18 @@ class Rewriter:
             if self.steps > self.total_budget:
                 raise RewriteStop(f"step budget ({self.steps} rewrites) exhausted; most "
                                   f"fired: {self._top()} (a rule that keeps growing a term?)")
+            if len(self.active) >= MAX_CHAIN:
+                names = Counter(name for _, name in self.active).most_common(2)
+                raise RewriteStop(f"{MAX_CHAIN} rewrites in a row at one term without reaching "
+                                  f"a normal form: {', '.join(n for n, _ in names)} (a rule "
+                                  f"that keeps growing a term?)")
+            self.on_chain[t] = len(self.active)
             self.active.append((t, f"{rule.name} ({rule.location})"))
             try:
                 return self._normalize(replacement)
             finally:
                 self.active.pop()
+                del self.on_chain[t]
         if self.folder is not None and t.args and t.op not in ("input", "getitem"):
             folded = self.folder(t)
             if folded is not None:
