@@ -119,13 +119,12 @@ Choice = tuple[int, int, Env]  # (item index, which of the item's matches, its b
 
 
 def assignments(pats: Sequence[Any], flat: Flat, env: Env, match: MatchFn,
-                tick: Callable[[], None], *, cover: bool) -> Iterator[tuple[Env, int]]:
-    """Bindings that give each pattern operand its own item, with the leaves used.
-
-    cover=True: the items cover every leaf; cover=False: they leave one or more
-    leaves for the caller to re-attach."""
+                tick: Callable[[], None], *, partial: bool) -> Iterator[tuple[Env, int]]:
+    """Bindings that give each pattern operand its own item, with the leaves used:
+    first those that cover every leaf, then (partial=True) those that leave one
+    or more leaves for the caller to re-attach."""
     k, n = len(pats), len(flat.leaves)
-    if k > n or (not cover and k == n):
+    if k > n:
         return
     choices: list[list[Choice]] = []
     for q in pats:
@@ -136,7 +135,9 @@ def assignments(pats: Sequence[Any], flat: Flat, env: Env, match: MatchFn,
         choices.append(row)
     if not _distinct_items_exist(choices):
         return
-    yield from _Search(flat, choices, tick, cover).run(env)
+    yield from _Search(flat, choices, tick, cover=True).run(env)
+    if partial and k < n:
+        yield from _Search(flat, choices, tick, cover=False).run(env)
 
 
 def _delta(new: Env, old: Env) -> Env:

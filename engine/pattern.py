@@ -267,11 +267,9 @@ class Matcher:
                 yield env2, None
             return
         assert isinstance(p, POp)
-        operand = self._operand(1)
-        for env2, _ in assignments(p.flat, flat, env, operand, self.tick, cover=True):
-            yield env2, None
-        for env2, used in assignments(p.flat, flat, env, operand, self.tick, cover=False):
-            yield env2, Rest(flat, used)
+        for env2, used in assignments(p.flat, flat, env, self._operand(1), self.tick,
+                                      partial=True):
+            yield env2, None if used == flat.full else Rest(flat, used)
 
     def match(self, p: Pattern, t: Term, env: Env, depth: int = 0) -> Iterator[Env]:
         self.tick()
@@ -329,7 +327,7 @@ class Matcher:
         if flat is not None:
             found = False
             operand = self._operand(depth + 1)
-            for env2, _ in assignments(p.flat, flat, env, operand, self.tick, cover=True):
+            for env2, _ in assignments(p.flat, flat, env, operand, self.tick, partial=False):
                 found = True
                 yield env2
             if not found:
