@@ -67,16 +67,19 @@ def add_rule_stats(stats: dict[str, Any]) -> None:
         total = RULE_STATS.get(name)
         if total is None:
             total = RULE_STATS[name] = type(st)()
-        for f in ("tried", "matched", "rejected_guard", "rejected_meta", "fired", "seconds"):
+        for f in ("tried", "matched", "rejected_guard", "rejected_meta", "gave_up", "fired",
+                  "seconds"):
             setattr(total, f, getattr(total, f) + getattr(st, f))
 
 
 def stats_table() -> str:
-    """tried / matched / rejected / fired / time per rule (REWRITEC_STATS=1)."""
-    rows = [("rule", "tried", "matched", "rej. guard", "rej. type", "fired", "ms")]
+    """tried / matched / rejected / gave up (match budget) / fired / time per rule
+    (REWRITEC_STATS=1)."""
+    rows = [("rule", "tried", "matched", "rej. guard", "rej. type", "gave up", "fired", "ms")]
     for name, st in sorted(RULE_STATS.items(), key=lambda kv: -kv[1].seconds):
         rows.append((name, str(st.tried), str(st.matched), str(st.rejected_guard),
-                     str(st.rejected_meta), str(st.fired), f"{1000 * st.seconds:.2f}"))
+                     str(st.rejected_meta), str(st.gave_up), str(st.fired),
+                     f"{1000 * st.seconds:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True)))

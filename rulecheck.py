@@ -40,6 +40,9 @@ from .frontend.dtypes import TORCH_DTYPES
 from .frontend.fold import is_frozen, make_folder, tensor_term
 from .options import Options
 
+# A rule's examples are a few terms: a rewrite of one that takes longer than this
+# is a rule that does not terminate.
+EXAMPLE_SECONDS = 10.0
 SPEC_RE = re.compile(r"^(?P<const>const\s+)?(?P<dims>(\d+x)*)(?P<dtype>[a-z]+\d*)"
                      r"(?P<pos>\s+pos)?$")
 
@@ -168,7 +171,8 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     try:
         result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
                               is_frozen=is_frozen,
-                              can_compile=compilable(target) if rule.kind == "fuse" else None)
+                              can_compile=compilable(target) if rule.kind == "fuse" else None,
+                              seconds=EXAMPLE_SECONDS)
     except RewriteStop as e:
         return ExampleResult(rule.name, index, 0, float("inf"), False, str(e))
     fired = result.fired.get(rule.name, 0)
@@ -211,7 +215,7 @@ def loop_check(rule: Rule, library: list[Rule]) -> str | None:
         try:
             graph, store, bridge, _ = build_example(rule, ex, seed=i)
             run_pipeline(graph, store, library, folder=make_folder(store, bridge),
-                         is_frozen=is_frozen)
+                         is_frozen=is_frozen, seconds=EXAMPLE_SECONDS)
         except RewriteStop as e:
             return str(e)
         except Exception:  # noqa: BLE001 - the example itself is reported elsewhere

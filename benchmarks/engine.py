@@ -1,4 +1,5 @@
-"""The rule engine alone: how fast it rewrites ATen graphs the size of GPT-2.
+"""The rule engine alone: how fast it rewrites ATen graphs the size of GPT-2,
+and what one match costs against the size of its pattern.
 
     python -m benchmarks.engine [--quick] [--blocks 1,2,4,8,12]
 
@@ -7,8 +8,15 @@ blocks (d=768, 12 heads) once per N, then times, separately:
 - convert: FX graph -> term graph (metadata from the captured fake values);
 - rewrite: every phase of the whole rule library (fast_math on, so every rule runs).
 It prints terms, rewrites, milliseconds and terms per second for each N, so
-the growth with graph size can be read off, and writes the table to
-`benchmarks/results/engine.md`. Timing only; there are no assertions.
+the growth with graph size can be read off.
+
+Then it times single matches of balanced `+` patterns that fail at their last
+leaf (`failing_sum`) against pattern size, with the multiset matching of sums
+(engine/acmatch.py) and with the binary matching it replaced (both operand
+orders at each node), which is stopped at its step budget.
+
+Both tables go to `benchmarks/results/engine.md`. Timing only; the step
+counts are asserted in tests/test_acmatch.py.
 """
 
 from __future__ import annotations
@@ -110,6 +118,76 @@ def measure(blocks: int, repeats: int) -> dict[str, float]:
             "terms_per_s": terms / rewrite if rewrite else float("inf")}
 
 
+# ------------------------------------------------------------- one match
+SUM_KINDS = {"lit": "x0 + x1 + ... + 1", "var": "x0 + x1 + ... + x0",
+             "mul": "x0 * y0 + ... + x0 * 2"}
+
+
+def failing_sum(kind: str, nodes: int) -> tuple[Any, Any]:
+    """(pattern, term): a balanced sum pattern of `nodes` nodes (SUM_KINDS) and a
+    term that it matches at every leaf but its last."""
+    from rewritec.engine.errors import Where
+    from rewritec.engine.ops import default_op_table
+    from rewritec.engine.pattern import Compiler
+    from rewritec.engine.syntax import parse_expr
+    from rewritec.engine.term import Meta, TermStore
+
+    def balanced(leaves: list[Any], join: Any) -> Any:
+        while len(leaves) > 1:
+            leaves = [join(leaves[i], leaves[i + 1]) for i in range(0, len(leaves), 2)]
+        return leaves[0]
+
+    store, meta = TermStore(), Meta((4,), "f32")
+    leaves = (nodes + 1) // (4 if kind == "mul" else 2)
+    names = [f"x{i}" for i in range(leaves)]
+    if kind == "mul":
+        names = [f"(x{i} * y{i})" for i in range(leaves - 1)] + ["(x0 * 2)"]
+    else:
+        names[-1] = "1" if kind == "lit" else "x0"
+    text = balanced(names, lambda a, b: f"({a} + {b})")
+    pattern = Compiler(default_op_table(), Where("bench", 1)).pattern(parse_expr(text))
+
+    def leaf(name: str) -> Any:
+        return store.make("input", (), (("name", name),), meta=meta)
+
+    terms = [leaf(f"a{i}") for i in range(leaves)]
+    if kind == "mul":
+        terms = [store.make("mul", (t, leaf(f"b{i}")), meta=meta) for i, t in enumerate(terms)]
+    term = balanced(terms, lambda a, b: store.make("add", (a, b), (("alpha", 1),), meta=meta))
+    return pattern, term
+
+
+def time_match(kind: str, nodes: int, multiset: bool, budget: int) -> tuple[int, float, bool]:
+    """(steps, seconds, stopped by the budget) of one failing root match."""
+    from rewritec.engine.acmatch import MatchBudget
+    from rewritec.engine.ops import default_op_table
+    from rewritec.engine.pattern import Matcher
+
+    pattern, term = failing_sum(kind, nodes)
+    matcher = Matcher(default_op_table(), budget=budget, multiset=multiset)
+    start = time.perf_counter()
+    try:
+        found = next(matcher.match_root(pattern, term, {}), None)
+        assert found is None
+        stopped = False
+    except MatchBudget:
+        stopped = True
+    return matcher.steps, time.perf_counter() - start, stopped
+
+
+def match_table(sizes: list[int], budget: int = 2_000_000) -> str:
+    lines = ["| pattern | nodes | multiset steps | multiset ms | binary steps | binary ms |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for kind, shape in SUM_KINDS.items():
+        for n in sizes:
+            steps, secs, _ = time_match(kind, n, True, budget)
+            b_steps, b_secs, stopped = time_match(kind, n, False, budget)
+            binary = (f"> {budget:,} (stopped) | > {1000 * b_secs:,.0f}" if stopped
+                      else f"{b_steps:,} | {1000 * b_secs:,.2f}")
+            lines.append(f"| `{shape}` | {n} | {steps:,} | {1000 * secs:,.2f} | {binary} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, float]]) -> str:
     lines = ["| GPT-2 blocks | graphs | terms | rewrites | convert ms | rewrite ms | terms/s |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -128,11 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = [1, 2] if args.quick else [int(b) for b in args.blocks.split(",")]
     rows = [measure(n, 1 if args.quick else args.repeats) for n in sizes]
+    nodes = [7, 15, 31] if args.quick else [7, 15, 31, 63]
     text = (f"# rewritec rule engine\n\n- torch {torch.__version__}; forward + backward ATen "
             f"graphs of N GPT-2-small blocks; whole library with fast_math; median of "
             f"{1 if args.quick else args.repeats}\n"
             f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-            f"\n\n{table(rows)}\n")
+            f"\n\n{table(rows)}\n"
+            f"\n## One match against pattern size\n\nA balanced sum pattern of N nodes "
+            f"that fails at its last leaf, matched once at the root of a term of the same "
+            f"shape: multiset matching (engine/acmatch.py) against binary matching (both "
+            f"operand orders at each node, as before), stopped at its step budget.\n\n"
+            f"{match_table(nodes)}\n")
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

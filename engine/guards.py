@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import syntax as S
+from .arith import ARITH
 from .term import Term
 
 DTYPE_NAMES = ("f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "b8")
@@ -175,14 +176,12 @@ class GuardEval:
                 return left and _truth(self.eval(node.right, env))
             return left or _truth(self.eval(node.right, env))
         if isinstance(node, S.BinOp):
-            from .pattern import _ARITH
-
             a, b = self.eval(node.left, env), self.eval(node.right, env)
             if isinstance(a, Term):
                 a = _const_value(a)
             if isinstance(b, Term):
                 b = _const_value(b)
-            return _ARITH[node.op](a, b)
+            return ARITH[node.op](a, b)
         if isinstance(node, S.Compare):
             a, b = self.eval(node.left, env), self.eval(node.right, env)
             if isinstance(a, Term) and a.op == "const":

@@ -12,22 +12,26 @@ A pattern is a tree of:
   pattern leaves out must equal the op's defaults (an under-constrained
   pattern cannot match more than it says).
 
-Commutative ops try both argument orders, lazily, backtracking one choice at
-a time: no exponential expansion of the rule set up front.
+Associative-commutative ops (`+`, `*`, maximum, minimum) are matched as
+multisets of operands, at a bounded cost (`acmatch.py`); other commutative
+ops try both argument orders, lazily. Every match has a step budget: a
+pattern that would take longer fails with `MatchBudget`, never hangs.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import syntax as S
+from .acmatch import Flat, MatchBudget, assignments, flatten, is_ac
+from .arith import ARITH
 from .errors import RuleError, Where
 from .guards import DTYPE_NAMES
 from .ops import OpInfo, OpTable
-from .term import Term, TermStore, freeze
+from .term import Term, TermStore, freeze, lit_equal
 
 Env = dict[str, Any]
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_]*")
@@ -73,6 +77,9 @@ class POp(Pattern):
     args: tuple[Pattern, ...]
     attrs: tuple[tuple[str, Pattern], ...]  # attributes the pattern names
     defaults: tuple[tuple[str, Any], ...]  # the others: must equal these
+    # An associative-commutative op with default attributes: its operands under
+    # any nesting of the same op, matched as a multiset (`acmatch.py`); else ().
+    flat: tuple[Pattern, ...] = field(default=(), compare=False, repr=False, kw_only=True)
 
 
 def size(p: Pattern) -> int:
@@ -142,15 +149,19 @@ class Compiler:
 
     def _op(self, name: str, args: list[S.Node], kwargs: list[tuple[str, S.Node]],
             node: S.Node) -> POp:
-        pos = {"line": node.line, "col": node.col}
         if name == "getitem":
             return POp("getitem", (self.pattern(args[0]),),
-                       (("index", self.attr_pattern(kwargs[0][1])),), (), **pos)
+                       (("index", self.attr_pattern(kwargs[0][1])),), (),
+                       line=node.line, col=node.col)
         info = self.check_call(name, args, kwargs, node)
         attrs = [(key, self.attr_pattern(value)) for key, value in kwargs]
         named = {k for k, _ in attrs}
         defaults = tuple((k, freeze(v)) for k, v in info.attrs.items() if k not in named)
-        return POp(name, tuple(self.pattern(a) for a in args), tuple(attrs), defaults, **pos)
+        operands = tuple(self.pattern(a) for a in args)
+        flat = _flat_operands(name, operands) if info.commutative and info.associative \
+            and not attrs else ()
+        return POp(name, operands, tuple(attrs), defaults, flat=flat,
+                   line=node.line, col=node.col)
 
     def check_call(self, name: str, args: list[S.Node], kwargs: list[tuple[str, S.Node]],
                    node: S.Node) -> OpInfo:
@@ -188,6 +199,19 @@ class Compiler:
                          f"not `{S.show(node)}`", node)
 
 
+def _flat_operands(op: str, operands: tuple[Pattern, ...]) -> tuple[Pattern, ...]:
+    """`(a + b) + c` -> (a, b, c): operands under nested `op`s that name no
+    attribute. A bound sum (`(a + b) as s`) stays one operand: it must match a
+    sum that is in the graph."""
+    out: list[Pattern] = []
+    for q in operands:
+        if isinstance(q, POp) and q.op == op and q.flat:
+            out.extend(q.flat)
+        else:
+            out.append(q)
+    return tuple(out)
+
+
 # ---------------------------------------------------------------------------- matching
 @dataclass
 class Failure:
@@ -198,16 +222,57 @@ class Failure:
     term: Term | None = None
 
 
+# A match that takes more steps than this gives up (MatchBudget): room for
+# every rule of the library many times over, far below a visible pause.
+MATCH_BUDGET = 100_000
+
+
+@dataclass
+class Rest:
+    """A root match that used only some operands of a flattened sum: the
+    rewriter puts the leaves outside `used` back around the replacement."""
+
+    flat: Flat
+    used: int  # the leaves the pattern matched (bit i: leaf i)
+
+
 @dataclass
 class Matcher:
     table: OpTable
     failure: Failure | None = None  # the deepest failure seen, when tracking
+    budget: int = MATCH_BUDGET
+    steps: int = 0  # match steps taken: pattern nodes visited and AC choices weighed
+    # flattened sums, kept across the matches of one rewrite pass (keyed by term)
+    flats: dict[Term, Flat] = field(default_factory=dict)
+    # False: sums match as binary trees, both orders at each node (exponential;
+    # what benchmarks/engine.py compares the multiset matching with)
+    multiset: bool = True
 
     def fail(self, depth: int, reason: str, term: Term | None) -> None:
         if self.failure is None or depth > self.failure.depth:
             self.failure = Failure(depth, reason, term)
 
+    def tick(self) -> None:
+        self.steps += 1
+        if self.steps > self.budget:
+            raise MatchBudget(f"match budget ({self.budget} steps) exhausted")
+
+    def match_root(self, p: Pattern, t: Term, env: Env) -> Iterator[tuple[Env, Rest | None]]:
+        """Matches of a rule's pattern at `t`. An associative-commutative root also
+        matches part of a sum: `a + b` inside `a + c + b`, with `Rest` telling
+        which operands it used. Whole matches come first."""
+        flat = self._ac_flat(p, t)
+        if flat is None:
+            for env2 in self.match(p, t, env):
+                yield env2, None
+            return
+        assert isinstance(p, POp)
+        for env2, used in assignments(p.flat, flat, env, self._operand(1), self.tick,
+                                      partial=True):
+            yield env2, None if used == flat.full else Rest(flat, used)
+
     def match(self, p: Pattern, t: Term, env: Env, depth: int = 0) -> Iterator[Env]:
+        self.tick()
         if isinstance(p, PAny):
             yield env
         elif isinstance(p, PVar):
@@ -223,12 +288,16 @@ class Matcher:
                 self.fail(depth, f"category mismatch: pattern wants @{p.category}, term is "
                           f"{t.op}", t)
         elif isinstance(p, PLit):
-            if t.op == "const" and _lit_equal(t.value, p.value):
+            if t.op == "const" and lit_equal(t.value, p.value):
                 yield env
             else:
                 self.fail(depth, f"expected the constant {p.value!r}", t)
         elif isinstance(p, POp):
             yield from self._match_op(p, t, env, depth)
+
+    def _operand(self, depth: int) -> Callable[[Pattern, Term, Env], Iterator[Env]]:
+        """How acmatch matches one operand pattern of a sum at `depth`."""
+        return lambda q, t, env: self.match(q, t, env, depth)
 
     def _bind(self, name: str, t: Term, env: Env, depth: int) -> Iterator[Env]:
         """`name` bound to `t`: a new binding, or the same term bound before."""
@@ -240,41 +309,73 @@ class Matcher:
         else:
             self.fail(depth, f"`{name}` is bound to a different term", t)
 
+    def _ac_flat(self, p: Pattern, t: Term) -> Flat | None:
+        """`t` flattened, when `p` and `t` are the same associative-commutative op
+        (and `t` has the attributes `p` asks for); else None."""
+        if not (self.multiset and isinstance(p, POp) and p.flat and t.op == p.op):
+            return None
+        info = self.table.get(p.op)
+        if info is None or not is_ac(info, t):
+            return None
+        flat = self.flats.get(t)
+        if flat is None:
+            flat = self.flats[t] = flatten(t, info)
+        return flat
+
     def _match_op(self, p: POp, t: Term, env: Env, depth: int) -> Iterator[Env]:
-        if t.op != p.op:
-            self.fail(depth, f"op mismatch: pattern wants {p.op}, term is {t.op}", t)
+        flat = self._ac_flat(p, t)
+        if flat is not None:
+            found = False
+            operand = self._operand(depth + 1)
+            for env2, _ in assignments(p.flat, flat, env, operand, self.tick, partial=False):
+                found = True
+                yield env2
+            if not found:
+                self.fail(depth + 1, f"no way to match the {len(p.flat)} operands of the "
+                          f"pattern's {p.op} to the {len(flat.leaves)} of the term's", t)
             return
-        if len(t.args) != len(p.args):
-            self.fail(depth, "operand count mismatch", t)
+        head = self._match_head(p, t, env, depth)
+        if head is None:
             return
-        for key, value in p.defaults:
-            if key != "nonce" and not _lit_equal(t.attr(key, value), value):
-                self.fail(depth + 1, f"attribute mismatch: {key}={t.attr(key)!r}, "
-                          f"pattern wants {value!r}", t)
-                return
-        for key, ap in p.attrs:
-            tv = t.attr(key)
-            if isinstance(ap, PLit):
-                if not _lit_equal(tv, ap.value):
-                    self.fail(depth + 1, f"attribute mismatch: {key}={tv!r}, pattern wants "
-                              f"{ap.value!r}", t)
-                    return
-            elif isinstance(ap, PVar):
-                bound = env.get(ap.name)
-                if bound is None:
-                    env = {**env, ap.name: tv}
-                elif not _lit_equal(bound, tv):
-                    self.fail(depth + 1, f"attribute {key}: `{ap.name}` bound to {bound!r}", t)
-                    return
         info = self.table.get(p.op)
         orders = [t.args]
         if info is not None and info.commutative and len(t.args) == 2 \
                 and t.args[0] is not t.args[1] \
-                and all(_lit_equal(t.attr(k, v), v) for k, v in info.attrs.items()):
+                and all(lit_equal(t.attr(k, v), v) for k, v in info.attrs.items()):
             # Both orders, one at a time (add with alpha != 1 is not commutative).
             orders.append((t.args[1], t.args[0]))
         for args in orders:
-            yield from self._match_args(p.args, args, env, depth + 1)
+            yield from self._match_args(p.args, args, head, depth + 1)
+
+    def _match_head(self, p: POp, t: Term, env: Env, depth: int) -> Env | None:
+        """env, with the attributes `p` binds, if `t` has `p`'s op, operand count
+        and attributes; else None."""
+        if t.op != p.op:
+            self.fail(depth, f"op mismatch: pattern wants {p.op}, term is {t.op}", t)
+            return None
+        if len(t.args) != len(p.args):
+            self.fail(depth, "operand count mismatch", t)
+            return None
+        for key, value in p.defaults:
+            if key != "nonce" and not lit_equal(t.attr(key, value), value):
+                self.fail(depth + 1, f"attribute mismatch: {key}={t.attr(key)!r}, "
+                          f"pattern wants {value!r}", t)
+                return None
+        for key, ap in p.attrs:
+            tv = t.attr(key)
+            if isinstance(ap, PLit):
+                if not lit_equal(tv, ap.value):
+                    self.fail(depth + 1, f"attribute mismatch: {key}={tv!r}, pattern wants "
+                              f"{ap.value!r}", t)
+                    return None
+            elif isinstance(ap, PVar):
+                bound = env.get(ap.name)
+                if bound is None:
+                    env = {**env, ap.name: tv}
+                elif not lit_equal(bound, tv):
+                    self.fail(depth + 1, f"attribute {key}: `{ap.name}` bound to {bound!r}", t)
+                    return None
+        return env
 
     def _match_args(self, pats: tuple[Pattern, ...], args: tuple[Term, ...], env: Env,
                     depth: int) -> Iterator[Env]:
@@ -283,16 +384,6 @@ class Matcher:
             return
         for env2 in self.match(pats[0], args[0], env, depth):
             yield from self._match_args(pats[1:], args[1:], env2, depth + size(pats[0]))
-
-
-def _lit_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b or (a != a and b != b)
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_lit_equal(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b) and type(a) is type(b)
 
 
 # ---------------------------------------------------------------------------- building
@@ -340,7 +431,7 @@ class Builder:
             return -self.attr(node.operand, env)
         if isinstance(node, S.BinOp):
             a, b = self.attr(node.left, env), self.attr(node.right, env)
-            return _ARITH[node.op](a, b)
+            return ARITH[node.op](a, b)
         if isinstance(node, S.Index):
             return self.attr(node.value, env)[self.attr(node.index, env)]
         if isinstance(node, S.Call) and node.func in self.attr_funcs:
@@ -350,13 +441,3 @@ class Builder:
             return self.attr_funcs[node.func](*args)
         raise TypeError(f"`{S.show(node)}` is not an attribute expression")
 
-
-_ARITH = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
-    "**": lambda a, b: a ** b,
-}

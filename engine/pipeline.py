@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .errors import RewriteStop
 from .fuse import fuse
 from .ops import OpTable, default_op_table
-from .rewrite import Explanation, Folder, Rewriter, RuleStats
+from .rewrite import REWRITE_SECONDS, Explanation, Folder, Rewriter, RuleStats
 from .rules import Rule
 from .term import Graph, Term, TermStore
 
@@ -63,8 +63,10 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  relayout: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
-                 phases: tuple[Phase, ...] = PHASES) -> PipelineResult:
-    """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget.
+                 phases: tuple[Phase, ...] = PHASES,
+                 seconds: float = REWRITE_SECONDS) -> PipelineResult:
+    """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget
+    (steps, or `seconds` for each phase).
 
     `relayout(graph) -> (graph, summary)` is the layout phase (None: layouts stay)."""
     table = table or default_op_table()
@@ -105,7 +107,7 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
             continue
         rw = Rewriter(store, table, phase_rules, stats=stats, explain=explain,
                       folder=folder if phase.fold_constants else None, is_frozen=is_frozen,
-                      log=log if debug >= 2 else None)
+                      log=log if debug >= 2 else None, seconds=seconds)
         try:
             res = rw.run(graph)
         except RewriteStop as e:

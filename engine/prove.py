@@ -5,13 +5,21 @@ counterpart is proved when `simplify(pattern - replacement) == 0` with its
 variables as real symbols (or, failing that, positive ones: the proof then
 holds for x > 0 only, which the rule's guard must ensure). Other rules are
 checked numerically (see `rulecheck.py`).
+
+sympy cannot be interrupted cooperatively, and `simplify` on a few nested
+exponentials can run for minutes, so a proof gets PROOF_SECONDS: on the main
+thread of a POSIX process a SIGALRM timer stops it; elsewhere it runs on a
+daemon thread that is abandoned at the deadline. Either way a proof that runs
+out of time is `not-proved`, never a hang.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sympy
 
@@ -56,6 +64,41 @@ class _NotPointwise(Exception):
     pass
 
 
+PROOF_SECONDS = 5.0
+T = TypeVar("T")
+
+
+class _Deadline(BaseException):
+    """Raised into sympy by the timer; a BaseException, so that sympy's own
+    `except Exception` clauses do not swallow it."""
+
+
+def with_deadline(fn: Callable[[], T], seconds: float) -> T | None:
+    """fn(), or None when it takes more than `seconds`."""
+    timer_free = hasattr(signal, "setitimer") and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    if not (timer_free and threading.current_thread() is threading.main_thread()):
+        box: list[T] = []
+        worker = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+        worker.start()
+        worker.join(seconds)
+        return box[0] if box else None
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _Deadline
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            return fn()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Deadline:
+        return None  # also when the timer fired just after fn returned
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 def to_sympy(node: S.Node, table: OpTable, symbols: dict[str, sympy.Symbol]) -> Any:
     if isinstance(node, S.Var):
         return symbols[node.name]
@@ -73,9 +116,17 @@ def to_sympy(node: S.Node, table: OpTable, symbols: dict[str, sympy.Symbol]) -> 
     return fn(*[to_sympy(a, table, symbols) for a in args])
 
 
-def prove(rule: Rule, table: OpTable) -> Proof:
+def prove(rule: Rule, table: OpTable, seconds: float = PROOF_SECONDS) -> Proof:
     if rule.replace is None:
         return Proof("not-applicable", "fusion rules keep semantics by construction")
+    proof = with_deadline(lambda: _prove(rule, table), seconds)
+    if proof is None:
+        return Proof("not-proved", f"sympy gave up after {seconds:g} s")
+    return proof
+
+
+def _prove(rule: Rule, table: OpTable) -> Proof:
+    assert rule.replace is not None
     pattern_ast = S.parse_expr(rule.pattern_src)
     names = sorted({v.name for v in S.variables(pattern_ast)})
     for assumptions, status in (({"real": True}, "proved"),

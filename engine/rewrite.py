@@ -8,7 +8,11 @@ nothing (`saturated`).
 
 It stops early, with a reason naming the rules, when:
 - a term rewrites back into itself through a chain of rules (`cycle`);
-- the step budget runs out (`budget`), e.g. a rule that keeps growing a term.
+- the step budget runs out (`budget`), e.g. a rule that keeps growing a term;
+- one term is rewritten MAX_CHAIN times in a row without reaching a normal
+  form (a rule that keeps rewriting its own result);
+- the time budget runs out (`seconds`): each step of a growing term can cost
+  more than the one before, so counting steps alone does not bound the time.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Any
 from .errors import RewriteStop
 from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
-from .pattern import Builder, Failure, Matcher
+from .acmatch import Flat, MatchBudget
+from .pattern import MATCH_BUDGET, Builder, Failure, Matcher, Rest
 from .rules import ATTR_FUNCS, Rule
 from .term import Graph, Term, TermStore, render
 
@@ -34,6 +39,7 @@ class RuleStats:
     matched: int = 0
     rejected_guard: int = 0
     rejected_meta: int = 0
+    gave_up: int = 0  # matches stopped by the match budget
     fired: int = 0
     seconds: float = 0.0
 
@@ -66,6 +72,14 @@ Folder = Callable[[Term], Term | None]
 Log = Callable[[str], None]
 
 
+# Rewrites in a row at one term (a replacement, rewritten, rewritten again ...):
+# a decomposition chain of the library takes a dozen.
+MAX_CHAIN = 200
+# Per rewrite run (one phase of one graph): GPT-2-sized graphs take a fraction of a
+# second (benchmarks/results/engine.md).
+REWRITE_SECONDS = 60.0
+
+
 class _Cycle(Exception):
     def __init__(self, term: Term, chain: list[str]) -> None:
         self.term = term
@@ -86,7 +100,8 @@ class Rewriter:
                  folder: Folder | None = None, is_frozen: Callable[[Term], bool] | None = None,
                  budget: int | None = None, log: Log | None = None,
                  stats: dict[str, RuleStats] | None = None,
-                 explain: Explanation | None = None) -> None:
+                 explain: Explanation | None = None, match_budget: int = MATCH_BUDGET,
+                 seconds: float = REWRITE_SECONDS) -> None:
         self.store = store
         self.table = table
         self.index = index_rules(rules)
@@ -95,12 +110,16 @@ class Rewriter:
         self.log = log
         self.stats = stats if stats is not None else {}
         self.explain = explain
+        self.match_budget = match_budget
+        self.seconds = seconds
+        self.deadline = float("inf")
         self.users: dict[Term, int] = {}
         self.guards = GuardEval(GuardContext(users=self._users,
                                              is_frozen=is_frozen or (lambda t: False)))
         self.builder = Builder(table, store, ATTR_FUNCS)
         self.fired: Counter[str] = Counter()
         self.steps = 0
+        self.flats: dict[Term, Flat] = {}  # sums flattened for AC matching, this pass
 
     def _users(self, t: Term) -> int:
         if t not in self.users:
@@ -110,6 +129,7 @@ class Rewriter:
     # ------------------------------------------------------------------ driver
     def run(self, graph: Graph, max_passes: int = 50) -> RewriteResult:
         budget = self.budget or max(10_000, 50 * len(graph.terms()))
+        self.deadline = time.perf_counter() + self.seconds
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 20_000))
         try:
@@ -126,13 +146,15 @@ class Rewriter:
     def _result(self, graph: Graph, reason: str, passes: int) -> RewriteResult:
         return RewriteResult(graph, self.fired, reason, passes, self.steps, self.stats)
 
-    def _top(self) -> str:
-        return ", ".join(f"{n} x{c}" for n, c in self.fired.most_common(3))
+    def _top(self, counts: bool = True) -> str:
+        return ", ".join(f"{n} x{c}" if counts else n for n, c in self.fired.most_common(3))
 
     def _pass(self, graph: Graph, budget: int) -> Graph:
         self.users = graph.users()
+        self.flats = {}
         self.normal: dict[Term, Term] = {}
         self.active: list[tuple[Term, str]] = []  # (term, rule that rewrote it), for cycles
+        self.on_chain: dict[Term, int] = {}  # term -> its index in active
         self.total_budget = budget
         try:
             for t in graph.terms():
@@ -175,9 +197,12 @@ class Rewriter:
         return self.store.make(t.op, args, t.attrs, meta=t.meta)
 
     def _rewrite_root(self, t: Term) -> Term:
-        for i, (term, _) in enumerate(self.active):
-            if term is t:
-                raise _Cycle(t, [name for _, name in self.active[i:]])
+        i = self.on_chain.get(t)
+        if i is not None:
+            raise _Cycle(t, [name for _, name in self.active[i:]])
+        if time.perf_counter() > self.deadline:
+            raise RewriteStop(f"time budget ({self.seconds:g} s) exhausted; rules fired most: "
+                              f"{self._top(counts=False)}")
         for rule in self.index.get(t.op, ()):
             replacement = self._try(rule, t)
             if replacement is None or replacement is t:
@@ -191,11 +216,18 @@ class Rewriter:
             if self.steps > self.total_budget:
                 raise RewriteStop(f"step budget ({self.steps} rewrites) exhausted; most "
                                   f"fired: {self._top()} (a rule that keeps growing a term?)")
+            if len(self.active) >= MAX_CHAIN:
+                names = Counter(name for _, name in self.active).most_common(2)
+                raise RewriteStop(f"{MAX_CHAIN} rewrites in a row at one term without reaching "
+                                  f"a normal form: {', '.join(n for n, _ in names)} (a rule "
+                                  f"that keeps growing a term?)")
+            self.on_chain[t] = len(self.active)
             self.active.append((t, f"{rule.name} ({rule.location})"))
             try:
                 return self._normalize(replacement)
             finally:
                 self.active.pop()
+                del self.on_chain[t]
         if self.folder is not None and t.args and t.op not in ("input", "getitem"):
             folded = self.folder(t)
             if folded is not None:
@@ -211,9 +243,9 @@ class Rewriter:
         # the explanation being built for this rule (`rewritec explain`), if any
         explain = self.explain if self.explain is not None and self.explain.rule == rule.name \
             else None
-        matcher = Matcher(self.table)
+        matcher = Matcher(self.table, budget=self.match_budget, flats=self.flats)
         try:
-            for env in matcher.match(rule.pattern, t, {}):
+            for env, rest in matcher.match_root(rule.pattern, t, {}):
                 st.matched += 1
                 failed = next((src for g, src in rule.guards if not self.guards.check(g, env)),
                               None)
@@ -222,30 +254,65 @@ class Rewriter:
                     if explain is not None:
                         explain.consider(Failure(10**6, f"guard `{failed}` is false", t))
                     continue
-                try:
-                    assert rule.replace is not None
-                    replacement = self.builder.term(rule.replace, env)
-                except Exception as e:  # noqa: BLE001 - an op that cannot take these inputs
+                replacement, why = self._replacement(rule, t, env, rest)
+                if replacement is None:
                     st.rejected_meta += 1
                     if explain is not None:
-                        explain.consider(Failure(10**6, f"replacement cannot be built: {e}",
-                                                      t))
-                    continue
-                if not _same_value_type(t, replacement):
-                    st.rejected_meta += 1
-                    if explain is not None:
-                        explain.consider(Failure(
-                            10**6, f"replacement changes the result type "
-                            f"({t.meta.short()} -> {replacement.meta.short()})", t))
+                        explain.consider(Failure(10**6, why, t))
                     continue
                 return replacement
             if explain is not None and matcher.failure is not None:
                 explain.consider(matcher.failure)
             return None
+        except MatchBudget as e:
+            st.gave_up += 1
+            if explain is not None:
+                explain.consider(Failure(10**6, f"gave up: {e}", t))
+            return None
         finally:
             st.seconds += time.perf_counter() - start
             if explain is not None:
                 explain.roots_seen += 1
+
+    def _replacement(self, rule: Rule, t: Term, env: dict[str, Any],
+                     rest: Rest | None) -> tuple[Term | None, str]:
+        """The rule's replacement for `t`, or None and why it is refused."""
+        try:
+            assert rule.replace is not None
+            built = self.builder.term(rule.replace, env)
+            if rest is not None:
+                whole, why = self._reattach(t, rest, built)
+                if whole is None:
+                    return None, why
+                built = whole
+        except Exception as e:  # noqa: BLE001 - an op that cannot take these inputs
+            return None, f"replacement cannot be built: {e}"
+        if not _same_value_type(t, built):
+            return None, (f"replacement changes the result type "
+                          f"({t.meta.short()} -> {built.meta.short()})")
+        return built, ""
+
+    def _reattach(self, t: Term, rest: Rest, replacement: Term) -> tuple[Term | None, str]:
+        """`replacement` stands for the operands `rest.used` of the sum `t`; the sum
+        of the others, in their order, with it where its first operand was. The
+        operands it replaces must have had its type: a regrouping keeps every
+        type promotion where it was (the flattened sums all have t's dtype)."""
+        flat = rest.flat
+        used = flat.pieces(rest.used)
+        part = self._sum(t, [term for _, term in used])
+        if not _same_value_type(part, replacement):
+            return None, (f"replacement changes the type of the operands it replaces "
+                          f"({part.meta.short()} -> {replacement.meta.short()})")
+        pieces = flat.pieces(flat.full & ~rest.used) + [(used[0][0], replacement)]
+        pieces.sort(key=lambda piece: piece[0])
+        return self._sum(t, [term for _, term in pieces]), ""
+
+    def _sum(self, t: Term, terms: list[Term]) -> Term:
+        """terms[0] op terms[1] op ..., grouped from the left, with t's op and attributes."""
+        out = terms[0]
+        for term in terms[1:]:
+            out = self.store.make(t.op, (out, term), t.attrs)
+        return out
 
 
 def _same_value_type(old: Term, new: Term) -> bool:

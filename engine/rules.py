@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import syntax as S
+from .arith import ARITH
 from .errors import RuleError, RuleErrors, Where
 from .guards import DTYPE_NAMES, GUARD_FUNCTIONS
 from .ops import OpTable, default_op_table
@@ -121,6 +122,11 @@ class RuleLoader:
             raise RuleError(f"unknown top-level key(s): {', '.join(sorted(map(str, unknown)))}",
                             file_where)
         default_kind = data.get("kind")
+        if default_kind is not None and default_kind not in KINDS:
+            # checked here too: a file whose rules all name their own kind, or that has
+            # none, must not carry a bad one silently
+            raise RuleError(f"kind must be one of {', '.join(KINDS)}, got {default_kind!r}",
+                            _value_where(lines, ("kind",), Where(path_s, lines.get(("kind",), 1))))
         items = data["rules"]
         if not isinstance(items, list):
             raise RuleError("`rules:` must be a list", Where(path_s, lines.get(("rules",), 1)))
@@ -265,6 +271,7 @@ class RuleLoader:
             if isinstance(n, S.Call) and n.func not in ATTR_FUNCS:
                 raise compiler.error(f"unknown attribute function {n.func!r} (known: "
                                      f"{', '.join(sorted(ATTR_FUNCS))})", n)
+        _literal(node, compiler)
 
     def _check_guard(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
         for v in S.variables(node):
@@ -275,6 +282,40 @@ class RuleLoader:
             if isinstance(n, S.Call) and n.func not in GUARD_FUNCTIONS:
                 raise compiler.error(f"unknown guard function {n.func!r} (known: "
                                      f"{', '.join(sorted(GUARD_FUNCTIONS))})", n)
+        _literal(node, compiler)
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(node: S.Node, compiler: Compiler) -> Any:
+    """The value of `node` if it is literal arithmetic (`9 ** 9 ** 9`), else
+    _NOT_LITERAL, looking into every subexpression: literal arithmetic beyond
+    engine/arith.py's bounds, or that cannot be computed, is an error here, when
+    the rule loads, rather than a hang or a false guard when it is matched."""
+    if isinstance(node, S.Lit):
+        return node.value
+    if isinstance(node, S.Neg):
+        v = _literal(node.operand, compiler)
+        return -v if isinstance(v, int | float) and not isinstance(v, bool) else _NOT_LITERAL
+    if isinstance(node, S.BinOp):
+        a, b = _literal(node.left, compiler), _literal(node.right, compiler)
+        if a is _NOT_LITERAL or b is _NOT_LITERAL:
+            return _NOT_LITERAL
+        try:
+            return ARITH[node.op](a, b)
+        except (ArithmeticError, ValueError, TypeError) as e:
+            raise compiler.error(f"`{S.show(node)}` cannot be computed: {e}", node) from None
+    children = [getattr(node, f) for f in node.__dataclass_fields__]
+    values = []
+    for c in children:
+        for n in (c if isinstance(c, tuple) else (c,)):
+            for m in (n if isinstance(n, tuple) else (n,)):  # kwargs: (name, node)
+                if isinstance(m, S.Node):
+                    values.append(_literal(m, compiler))
+    if isinstance(node, S.Seq) and _NOT_LITERAL not in values:
+        return tuple(values)
+    return _NOT_LITERAL
 
 
 TEMPLATE_FILES = ("triton/{}.py.j2", "openmp/{}.cpp.j2")

@@ -245,15 +245,27 @@ def _hint(text: str, err: lark.exceptions.LarkError) -> str:
     return str(err).splitlines()[0]
 
 
+# Bounds on one expression, so that parsing, and every recursive walk of the
+# AST after it (compiling, building, guards, sympy), stays far from Python's
+# recursion limit and takes milliseconds. The library's longest expression has
+# about 130 characters and nests 6 deep.
+MAX_EXPR_CHARS = 4000
+MAX_EXPR_DEPTH = 100
+
+
 def parse_expr(text: str, where: Where | None = None) -> Node:
     """Parse one expression; errors carry file:line:col of the offending spot."""
     where = where or Where("<expr>", 1, 1)
     if not isinstance(text, str):
         raise RuleError(f"expected an expression string, got {type(text).__name__}", where)
+    if len(text) > MAX_EXPR_CHARS:
+        raise RuleError(f"expression too long ({len(text):,} characters; at most "
+                        f"{MAX_EXPR_CHARS:,})", where)
     import lark
 
     try:
         tree = _parser().parse(text)
+        _check_depth(tree, where)
         return _to_ast()().transform(tree)
     except lark.exceptions.VisitError as e:
         inner = e.orig_exc
@@ -269,6 +281,22 @@ def parse_expr(text: str, where: Where | None = None) -> Node:
         shown = text.strip().replace("\n", "\\n")  # one error, one line
         raise RuleError(f"syntax error: {_hint(text, e)} in `{shown}`",
                         _shift(where, line, col)) from None
+
+
+def _check_depth(tree: lark.Tree, where: Where) -> None:
+    """The parse tree nests at most MAX_EXPR_DEPTH deep (counted without
+    recursion: `x + x + ... + x` nests as deep as it is long)."""
+    import lark
+
+    stack: list[tuple[Any, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPR_DEPTH:
+            meta = node.meta
+            line, col = (meta.line, meta.column) if not getattr(meta, "empty", True) else (1, 1)
+            raise RuleError(f"expression nested deeper than {MAX_EXPR_DEPTH} levels",
+                            _shift(where, line, col))
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
 
 
 def _shift(where: Where, line: int, col: int) -> Where:

@@ -171,6 +171,18 @@ def freeze(v: Any) -> Any:
     return v
 
 
+def lit_equal(a: Any, b: Any) -> bool:
+    """Attribute values and constants are equal: of one type (True is not 1) and
+    value, nan equal to nan."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(lit_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and type(a) is type(b)
+
+
 def _attr_key(attrs: tuple[tuple[str, Any], ...]) -> tuple[Any, ...]:
     # 1 and 1.0 and True hash alike in python; the type keeps them apart so
     # `x * 1` (int) and `x * 1.0` (float) stay distinct terms.

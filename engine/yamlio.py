@@ -1,7 +1,10 @@
 """Safe YAML loading that remembers the line of every key and list item.
 
 Only safe loaders are used (no python tags, no code), and duplicate keys are
-an error instead of silently keeping the last one. libyaml's `CSafeLoader`
+an error instead of silently keeping the last one. Anchors and aliases are
+refused (ten levels of ten aliases would expand to 1e9 nodes, and `&r [*r]`
+to an endless one), and so is nesting deeper than MAX_DEPTH, before the file
+is composed, whose recursion would exhaust the stack. libyaml's `CSafeLoader`
 reads the files when PyYAML has it (the built-in rules: 0.5 s -> 0.05 s on a cold
 start); a file it rejects is read again with the pure-Python `SafeLoader`, whose
 messages the golden errors in tests/bad_rules/ hold.
@@ -18,6 +21,9 @@ if TYPE_CHECKING:
     import yaml
 
 Lines = dict[tuple[Any, ...], int]
+
+# Rule files nest five or six levels (rules, a rule, examples, an example, a list).
+MAX_DEPTH = 32
 
 
 def load_yaml(path: Path | str, text: str | None = None) -> tuple[Any, Lines]:
@@ -52,6 +58,7 @@ def load_yaml(path: Path | str, text: str | None = None) -> tuple[Any, Lines]:
 
 
 def _load(loader_class: Any, text: str, path: str) -> tuple[Any, Lines]:
+    _check_events(loader_class, text, path)
     lines: Lines = {}
     loader = loader_class(text)
     try:
@@ -60,6 +67,32 @@ def _load(loader_class: Any, text: str, path: str) -> tuple[Any, Lines]:
     finally:
         loader.dispose()
     return data, lines
+
+
+def _check_events(loader_class: Any, text: str, path: str) -> None:
+    """Refuse anchors, aliases and deep nesting, reading the parser's events
+    (a flat stream: nothing is expanded or recursed into)."""
+    import yaml
+
+    loader = loader_class(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            mark = event.start_mark
+            where = Where(path, mark.line + 1, mark.column + 1)
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+                raise RuleError(f"YAML anchors and aliases ({sign}{event.anchor}) are not "
+                                "allowed in rule files: write the value out", where)
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise RuleError(f"YAML nested deeper than {MAX_DEPTH} levels", where)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    finally:
+        loader.dispose()
 
 
 # The tags plain YAML data resolves to; any other (!!python/..., custom) is refused.
