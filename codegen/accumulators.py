@@ -26,7 +26,7 @@ the `column_*` methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast, get_args
 
 # Elements per chunk of a sum: the vectorized loop adds 32 (AVX-512) or 64 (AVX2)
 # f32 values per lane before its lanes are added, so the error of a chunk stays
@@ -146,3 +146,10 @@ class CppAccumulator:
         if self.pairwise:
             return [f"const {self.ctype} {self.name}_total = {self.name}_v[o - o0];"]
         return self.column_take()
+
+
+def cpp_accumulator(op: str, name: str, ctype: str) -> CppAccumulator:
+    """The accumulator of reduction `op`; an op that is not a reduction is an error."""
+    if op not in get_args(ReductionOp):
+        raise ValueError(f"no accumulator for {op!r}")
+    return CppAccumulator(cast(ReductionOp, op), name, ctype)

@@ -256,7 +256,8 @@ def _compile(compiler: str, args: list[str]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        if _deadline.get() is not None and _deadline.get() - time.monotonic() <= 0:
+        deadline = _deadline.get()
+        if deadline is not None and deadline - time.monotonic() <= 0:
             raise BudgetSpent(f"{compiler} ran past the graph's compile budget "
                               f"(REWRITEC_COMPILE_BUDGET)") from None
         raise BuildError(f"{compiler} did not finish within {limit:.0f} s") from None

@@ -25,7 +25,7 @@ import sympy
 from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms, reduced_dim
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
-from .accumulators import PAIRWISE_CHUNK, CppAccumulator
+from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .build import vector_math_decls
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import has_template, render_template
@@ -585,7 +585,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         if t.op in ("arg", "const") or t in done:
             continue
         if t.op in ROW_REDUCTIONS:
-            acc = CppAccumulator(t.op, f"{names[t]}_acc", ctype)
+            acc = cpp_accumulator(t.op, f"{names[t]}_acc", ctype)
             body = elem_lines(needed([t.args[0]])) + acc.update(names[t.args[0]])
             if kept is not None and t is reductions[-1]:
                 body.append(f"out_ptr[r * n_cols + c] = {names[kept]};  // read back below")

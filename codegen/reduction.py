@@ -29,7 +29,7 @@ import sympy
 from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dims
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
-from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator
+from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator, cpp_accumulator
 from .build import vector_math_decls
 from .kernels import (
     CPP_DTYPES,
@@ -260,7 +260,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
     body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                     for t in pro]
-    accs = [CppAccumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
+    accs = [cpp_accumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
     update = [line for a, t in zip(accs, red, strict=True) for line in a.update(names[t.args[0]])]
     finish = [line for a, t in zip(accs, red, strict=True)
               for line in a.finish(names[t], "n_red" if t.op == "mean" else None)]
