@@ -130,11 +130,15 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                                      f"{acc} += {m}_d / tl.maximum({m}_n, 1.0)",
                                      f"{m}_m2 += {m}_d * tl.where(mask, {e} - {acc}, 0.0)"]
             # the lanes' (mean, m2, count) combined all at once, with tree sums: the
-            # mean of the lanes' means by count, and m2 = sum(m2_i + n_i (mean_i - mean)^2)
-            p["after"][0:2] = [f"{m} = tl.sum({acc} * {m}_n, axis=0) / n_cols",
-                               f"{m}_m2s = tl.sum({m}_m2 + {m}_n * ({acc} - {m}) * ({acc} - {m}), "
-                               "axis=0)"]
-            p["after"].insert(2, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
+            # mean of the lanes' means by count, taken relative to lane 0's (when finite)
+            # so that lanes of one repeated value give that value and an m2 of exactly
+            # 0, and m2 = sum(m2_i + n_i (mean_i - mean)^2)
+            p["after"][0:2] = [
+                f"{m}_ref = tl.sum(tl.where(tl.arange(0, BLOCK_C) == 0, {acc}, 0.0), axis=0)",
+                f"{m}_ref = tl.where({m}_ref - {m}_ref == 0.0, {m}_ref, 0.0)",
+                f"{m} = {m}_ref + tl.sum(({acc} - {m}_ref) * {m}_n, axis=0) / n_cols",
+                f"{m}_m2s = tl.sum({m}_m2 + {m}_n * ({acc} - {m}) * ({acc} - {m}), axis=0)"]
+            p["after"].insert(4, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
                               else f"{names[t]} = {m}_m2s")
             done.add(t)
             continue

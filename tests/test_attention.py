@@ -104,7 +104,8 @@ def test_self_attention_kernel(b: int, t: int, dim: int, heads: int, mask: str,
 
 @needs_triton
 def test_causal_mask_skips_the_mask() -> None:
-    """A frozen tril mask is recognized as causal: the kernel masks by index."""
+    """A frozen tril mask (freeze=True: the mask buffer is then a constant) is
+    recognized as causal: the kernel masks by index."""
     model = SelfAttention(32, 2, 40, "causal").to(DEVICE, torch.float16).eval()
     x = torch.randn(2, 40, 32, device=DEVICE, dtype=torch.float16)
     from rewritec.codegen import prepare
@@ -119,7 +120,7 @@ def test_causal_mask_skips_the_mask() -> None:
 
     prepare.attention_spec = spy
     try:
-        got, want = run(model, x)
+        got, want = run(model, x, freeze=True)
     finally:
         prepare.attention_spec = spec
     assert seen == [True]
