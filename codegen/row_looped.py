@@ -129,17 +129,13 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                                      f"{m}_d = tl.where(mask, {e} - {acc}, 0.0)",
                                      f"{acc} += {m}_d / tl.maximum({m}_n, 1.0)",
                                      f"{m}_m2 += {m}_d * tl.where(mask, {e} - {acc}, 0.0)"]
-            # the lanes' (mean, m2, count) combined all at once, with tree sums: the
-            # mean of the lanes' means by count, taken relative to lane 0's (when finite)
-            # so that lanes of one repeated value give that value and an m2 of exactly
-            # 0, and m2 = sum(m2_i + n_i (mean_i - mean)^2)
-            p["after"][0:2] = [
-                f"{m}_ref = tl.sum(tl.where(tl.arange(0, BLOCK_C) == 0, {acc}, 0.0), axis=0)",
-                f"{m}_ref = tl.where({m}_ref - {m}_ref == 0.0, {m}_ref, 0.0)",
-                f"{m} = {m}_ref + tl.sum(({acc} - {m}_ref) * {m}_n, axis=0) / n_cols",
-                f"{m}_m2s = tl.sum({m}_m2 + {m}_n * ({acc} - {m}) * ({acc} - {m}), axis=0)"]
-            p["after"].insert(4, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
+            # the lanes' (mean, m2, count) merged pairwise (Chan's update): one
+            # reduction, and lanes of one repeated value merge to an m2 of exactly 0
+            p["after"][0:2] = [(f"{m}, {m}_m2s, {m}_ns = tl.reduce(({acc}, {m}_m2, {m}_n), 0, "
+                                "_welford_combine)")]
+            p["after"].insert(1, f"{names[t]} = {m}_m2s / n_cols" if t.op == "mean"
                               else f"{names[t]} = {m}_m2s")
+            p["welford"] = True
             done.add(t)
             continue
         if t.op in ROW_REDUCTIONS:
@@ -163,6 +159,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
+                           welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body, result=names[spec.root],
                            per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])
