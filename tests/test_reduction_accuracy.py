@@ -72,7 +72,7 @@ def row_var(x: torch.Tensor) -> torch.Tensor:
 
 def layer_norm(x: torch.Tensor) -> torch.Tensor:
     # with a weight: a half layer_norm without one stays ATen's on the CPU
-    return F.layer_norm(x, x.shape[-1:], torch.ones(x.shape[-1], dtype=x.dtype))
+    return F.layer_norm(x, x.shape[-1:], torch.ones(x.shape[-1], dtype=x.dtype, device=x.device))
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
