@@ -347,15 +347,16 @@ def _retyped(example: dict[str, Any], name: str) -> dict[str, Any] | None:
     return out if changed else None
 
 
-def _difference(got: Any, want: Any, ulps: float | None) -> str | None:
-    """Where `got` parts from eager's `want`, as a phrase; None when it does not.
+def _difference(got: Any, want: Any, ulps: float | None) -> tuple[str, int] | None:
+    """Where `got` parts from eager's `want`: a phrase and the first differing element's
+    flat index; None when it does not.
     Integers must be equal; floats must agree on nan and on infinities, and finite
     values within `ulps` of the dtype's eps, the sign of zero included (None: on nan
     and infinities alone; the examples hold the rounding to their tolerance)."""
     if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
-        return None if got == want else f"got {got}, eager {want}"
+        return None if got == want else (f"got {got}, eager {want}", 0)
     if got.shape != want.shape or got.dtype != want.dtype:
-        return f"got {got.dtype}{list(got.shape)}, eager {want.dtype}{list(want.shape)}"
+        return f"got {got.dtype}{list(got.shape)}, eager {want.dtype}{list(want.shape)}", 0
     g, w = got.reshape(-1), want.reshape(-1)
     if not want.dtype.is_floating_point:
         bad = g != w
@@ -374,7 +375,7 @@ def _difference(got: Any, want: Any, ulps: float | None) -> str | None:
     if not bool(bad.any()):
         return None
     i = int(bad.nonzero()[0])
-    return f"got {got.reshape(-1)[i].item()!r}, eager {want.reshape(-1)[i].item()!r}"
+    return f"got {got.reshape(-1)[i].item()!r}, eager {want.reshape(-1)[i].item()!r}", i
 
 
 def probe(rule: Rule) -> list[str]:
@@ -424,11 +425,12 @@ def _probe_one(rule: Rule, example: dict[str, Any], index: int, name: str,
             return f"{name}: eager runs where the rewrite fails: {e}"
         diff = _difference(got, want, ulps)
         if diff:
-            shown = ", ".join(f"{k}={_at(v, got)}" for k, v in
+            phrase, i = diff
+            shown = ", ".join(f"{k}={_shown(v, i, want)}" for k, v in
                               zip(_input_names(graph), inputs, strict=False))
             hint = ("a dtype guard" if not dtype.is_floating_point or not rule.fp_exact
                     else "a dtype guard or `fp_exact: false`")
-            return f"{name}: results differ from eager at {shown}: {diff} (needs {hint})"
+            return f"{name}: results differ from eager at {shown}: {phrase} (needs {hint})"
     return None
 
 
@@ -449,10 +451,13 @@ def _input_names(graph: Graph) -> list[str]:
     return [t.attr("name") for t in graph.inputs]
 
 
-def _at(v: Any, got: Any) -> str:
-    """The probe values of input `v`, short."""
+def _shown(v: Any, i: int, out: Any) -> str:
+    """Input `v`'s value at the differing element `i` of `out` where it has one of
+    its own (same shape), else its first probe values."""
     if not isinstance(v, torch.Tensor):
         return repr(v)
+    if isinstance(out, torch.Tensor) and v.shape == out.shape:
+        return repr(v.reshape(-1)[i].item())
     flat = v.reshape(-1)[:6].tolist()
     return "[" + ", ".join(repr(x) for x in flat) + (", ...]" if v.numel() > 6 else "]")
 
