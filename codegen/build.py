@@ -197,7 +197,7 @@ def vector_math_decls() -> tuple[str, ...]:
 
 def cxx_flags(contract: bool = False) -> tuple[str, ...]:
     """The compiler flags; `contract` (fast_math) lets GCC fuse multiply-adds."""
-    flags = CXX_FLAGS
+    flags: tuple[str, ...] = CXX_FLAGS
     if _openmp.get(cxx() or "") is False:
         flags = tuple(f for f in flags if f != "-fopenmp")
     if not contract:

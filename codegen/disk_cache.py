@@ -275,7 +275,7 @@ def _msvcrt_lock(fd: int) -> None:
     while True:
         os.lseek(fd, 0, os.SEEK_SET)
         try:
-            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # type: ignore[union-attr]
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # type: ignore[attr-defined,union-attr]
             return
         except OSError:
             continue
