@@ -37,7 +37,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     pipeline.run_pipeline = watching  # type: ignore[assignment]
     report.reset()
     try:
-        scope, code = run_script(args.script, {"rules": tuple(args.rules), "fast_math": True})
+        # a graph loaded from the graph cache is never rewritten, so never watched
+        scope, code = run_script(args.script, {"rules": tuple(args.rules), "fast_math": True,
+                                               "graph_cache": False})
     finally:
         pipeline.run_pipeline = real_run  # type: ignore[assignment]
     if scope is None:

@@ -3,6 +3,8 @@
 - C++ (OpenMP): compiled with the system compiler (`$CXX`, default g++) as
   `-O3 -march=native -fopenmp -ffp-contract=off -shared -fPIC` and loaded with
   ctypes (no multiply-add contraction, so results round as ATen's, unless fast_math).
+  A compiler that rejects -fopenmp (Apple's clang) builds without it, single-threaded,
+  after one `NoOpenMPWarning`.
 - Triton: the source is written to a file (Triton's JIT reads it back) and
   imported; `@triton.jit` compiles it on first launch.
 
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -67,6 +70,10 @@ VECTOR_MATH = ("float expf(float)", "float logf(float)", "float sinf(float)",
 
 class BuildError(Exception):
     """A kernel could not be built; its group falls back to ATen."""
+
+
+class NoOpenMPWarning(UserWarning):
+    """The C++ compiler rejects -fopenmp: kernels are built single-threaded."""
 
 
 class BudgetSpent(BuildError):
@@ -190,9 +197,41 @@ def vector_math_decls() -> tuple[str, ...]:
 
 def cxx_flags(contract: bool = False) -> tuple[str, ...]:
     """The compiler flags; `contract` (fast_math) lets GCC fuse multiply-adds."""
+    flags: tuple[str, ...] = CXX_FLAGS
+    if _openmp.get(cxx() or "") is False:
+        flags = tuple(f for f in flags if f != "-fopenmp")
     if not contract:
-        return CXX_FLAGS
-    return tuple(CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in CXX_FLAGS)
+        return flags
+    return tuple(CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in flags)
+
+
+# Whether each C++ compiler accepts -fopenmp (Apple's clang does not), as probed
+# after its first failed build; one that does not builds without it.
+_openmp: dict[str, bool] = {}
+
+
+def _drop_openmp_if_rejected(compiler: str) -> bool:
+    """After a failed build: if `compiler` rejects -fopenmp itself, build without it
+    from now on, after one warning, instead of every kernel falling back. True if
+    it was dropped now (so the build is worth trying again)."""
+    if compiler in _openmp:
+        return False
+    with tempfile.TemporaryDirectory(prefix="rewritec-omp-") as tmp:
+        src = Path(tmp, "probe.cpp")
+        src.write_text('extern "C" int probe() { return 0; }\n')
+        try:
+            _compile(compiler, ["-fopenmp", "-shared", "-fPIC", str(src), "-o",
+                                str(Path(tmp, "probe.so"))])
+            _openmp[compiler] = True
+            return False
+        except BudgetSpent:
+            return False  # not known yet
+        except BuildError:
+            _openmp[compiler] = False
+    warnings.warn(f"rewritec: {compiler} does not accept -fopenmp; CPU kernels are built "
+                  "without OpenMP and run on one thread (set CXX to a compiler with "
+                  "OpenMP for parallel kernels)", NoOpenMPWarning, stacklevel=2)
+    return True
 
 
 def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Path]:
@@ -201,7 +240,23 @@ def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Pa
     compiler = cxx()
     if compiler is None:
         raise BuildError("no C++ compiler found (set CXX or install g++)")
-    flags = cxx_flags(contract)
+    try:
+        lib, src = _build_cached(source, compiler, cxx_flags(contract))
+    except BudgetSpent:
+        raise
+    except BuildError:
+        if not _drop_openmp_if_rejected(compiler):
+            raise
+        lib, src = _build_cached(source, compiler, cxx_flags(contract))
+    try:
+        fn = getattr(ctypes.CDLL(str(lib)), symbol)
+    except (OSError, AttributeError) as e:
+        raise BuildError(f"cannot load {lib.name}: {e}") from None
+    return fn, src
+
+
+def _build_cached(source: str, compiler: str, flags: tuple[str, ...]) -> tuple[Path, Path]:
+    """The library built from `source` with `flags`, and its source, in the cache."""
     key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler), target()]).encode())
     try:
         root = cache_dir()
@@ -212,11 +267,7 @@ def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Pa
             lib = _build_into(root, key, source, compiler, flags)
         except OSError as e:
             raise BuildError(f"cannot write the kernel: {e.strerror or e}") from None
-    try:
-        fn = getattr(ctypes.CDLL(str(lib)), symbol)
-    except (OSError, AttributeError) as e:
-        raise BuildError(f"cannot load {lib.name}: {e}") from None
-    return fn, root / f"{key}.cpp"
+    return lib, root / f"{key}.cpp"
 
 
 def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[str, ...]

@@ -29,9 +29,22 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+
+# The lock publish() holds: fcntl on POSIX, msvcrt on Windows, else neither.
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt
+except ImportError:  # POSIX
+    msvcrt = None  # type: ignore[assignment]
 
 KEY_BYTES = 32
 
@@ -217,13 +230,9 @@ def publish(tmp: Path, path: Path, target: str = "") -> None:
     published and keeps it (their bytes may differ: the compiler records the
     temporary file names), so an artifact never meets the other's digest. The
     temporary file is gone afterwards, whatever happens."""
-    import fcntl
-
     digest_tmp = tmp.with_name(tmp.name + ".sha256")
     try:
-        lock = path.with_name(path.name + ".lock")
-        with open(lock, "a") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
+        with locked(path.with_name(path.name + ".lock")):
             if verified(path, target):
                 return
             digest_tmp.write_text(_record(path.name, tmp.read_bytes(), target))
@@ -232,6 +241,67 @@ def publish(tmp: Path, path: Path, target: str = "") -> None:
     finally:
         tmp.unlink(missing_ok=True)
         digest_tmp.unlink(missing_ok=True)
+
+
+# How long an O_EXCL lock file (no fcntl, no msvcrt) may stand before it is
+# taken for one a crashed process left behind.
+LOCK_STALE_S = 60.0
+
+
+@contextmanager
+def locked(lock: Path) -> Iterator[None]:
+    """Hold the lock file `lock` exclusively: fcntl.flock on POSIX, msvcrt.locking
+    on Windows, else a lock file made with O_EXCL (`lock` + "x")."""
+    if fcntl is not None:
+        with open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            yield
+        return
+    if msvcrt is not None:
+        with open(lock, "a+b") as held:
+            _msvcrt_lock(held.fileno())
+            try:
+                yield
+            finally:
+                held.seek(0)
+                msvcrt.locking(held.fileno(), msvcrt.LK_UNLCK, 1)
+        return
+    with _exclusive_file(lock.with_name(lock.name + "x")):
+        yield
+
+
+def _msvcrt_lock(fd: int) -> None:
+    """msvcrt.locking's LK_LOCK gives up after ten seconds: wait on."""
+    while True:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # type: ignore[attr-defined,union-attr]
+            return
+        except OSError:
+            continue
+
+
+@contextmanager
+def _exclusive_file(lock: Path) -> Iterator[None]:
+    """Hold `lock` by creating it (O_EXCL: one creator wins) and removing it after;
+    one older than LOCK_STALE_S is a dead holder's and is removed."""
+    while True:
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            break
+        except FileExistsError:
+            try:
+                stale = time.time() - lock.stat().st_mtime > LOCK_STALE_S
+            except FileNotFoundError:
+                continue  # released meanwhile
+            if stale:
+                lock.unlink(missing_ok=True)
+            else:
+                time.sleep(0.02)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def store(path: Path, data: bytes, target: str = "") -> None:

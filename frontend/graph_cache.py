@@ -25,8 +25,9 @@ edit to a rule is never served a stale entry.
 Entries live in `$REWRITEC_CACHE_DIR/graphs/`, trusted as the kernel cache is
 (codegen/disk_cache.py: this user's folder, each file signed with this user's
 key), and are unpickled with a fixed table of the names they may use. `graph_cache=False` or
-REWRITEC_GRAPH_CACHE=0 turns the cache off; it is also off under `debug` and
-`out_dir`, whose output comes from compiling.
+REWRITEC_GRAPH_CACHE=0 turns the cache off; it is also off under `debug`,
+`out_dir`, REWRITEC_STATS and `rewritec explain`, whose output comes from
+compiling: a cache hit would make them report no rewriting at all.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Artifact:
 def key_for(gm: torch.fx.GraphModule, inputs: list[Any], params: list[bool],
             opts: Any) -> str | None:
     """The entry's key for this Dynamo graph and its inputs, or None (not cached)."""
-    if not opts.graph_cache or opts.debug or opts.out_dir:
+    if not opts.graph_cache or opts.debug or opts.out_dir or _stats_on():
         return None
     try:
         _check_modes(inputs)
@@ -96,6 +97,11 @@ def key_for(gm: torch.fx.GraphModule, inputs: list[Any], params: list[bool],
     except Uncacheable:
         return None
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stats_on() -> bool:
+    """REWRITEC_STATS (options.py) counts the rules' work, which a hit skips."""
+    return os.environ.get("REWRITEC_STATS", "") not in ("", "0")
 
 
 def _check_modes(inputs: list[Any]) -> None:

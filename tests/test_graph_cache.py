@@ -411,3 +411,46 @@ def test_a_cache_that_cannot_be_written_does_not_fail_the_compile(aot_calls, mon
     torch.testing.assert_close(second, _norm_chain(x, w))
     assert len(aot_calls) == 2 and not _entries()
     assert all(r.status == "compiled" for r in report.RECORDS)
+
+
+
+def _run_twice(argv: list[str], tmp_path: Path, **env_extra: str) -> list[str]:
+    """Run python ARGV twice in new processes sharing one graph cache; the outputs."""
+    env = dict(os.environ, REWRITEC_GRAPH_CACHE="1", REWRITEC_CACHE_DIR=str(tmp_path / "c"),
+               **env_extra)
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        outs.append(proc.stdout)
+    return outs
+
+
+_DIAG_SCRIPT = textwrap.dedent("""
+    import torch
+    with torch.no_grad():
+        y = torch.compile(lambda x: (x + 0.0).sin() + x, backend="rewritec")(torch.randn(8))
+""")
+
+
+def test_explain_on_a_repeat_run_compiles_again(tmp_path: Path) -> None:
+    """`rewritec explain` watches the rewriter, so a graph loaded from the cache
+    would answer `tried on 0 term(s)`: explaining never uses the cache."""
+    (tmp_path / "t.py").write_text(_DIAG_SCRIPT)
+    argv = ["-m", "rewritec.cli", "explain", "t.py", "--rule", "add-zero-float"]
+    first, second = _run_twice(argv, tmp_path)
+    assert "tried on 0" not in first, first
+    assert second == first
+
+
+def test_rule_statistics_on_a_repeat_run_are_the_same(tmp_path: Path) -> None:
+    """REWRITEC_STATS counts the rewriter's work, which a cache hit skips."""
+    (tmp_path / "t.py").write_text(_DIAG_SCRIPT)
+    first, second = _run_twice(["t.py"], tmp_path, REWRITEC_STATS="1")
+
+    def counts(out: str) -> list[list[str]]:  # the table less its time column
+        return [line.split()[:-1] for line in out.splitlines() if line.startswith("add-zero")]
+
+    assert counts(first), first
+    assert counts(second) == counts(first), second
