@@ -72,6 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_rules(args)
     except RewritecError as e:
         return _fail(str(e))
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """The reader of stdout left early (`rewritec rules list | head`): stop quietly,
+    as a Unix tool killed by SIGPIPE does, instead of a traceback. stdout goes to
+    /dev/null so that the flush at exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13  # 128 + SIGPIPE, the status a shell reports for `yes | head`
 
 
 def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:

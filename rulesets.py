@@ -8,6 +8,7 @@ reuses a built-in name is an error unless it says `overrides: true`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from functools import cache
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from .engine.errors import RuleError, RuleErrors
 from .engine.ops import RULES_DIR, OpTable, default_op_table, use_default_op_table
+from .engine.rewrite import BUILTIN_STEPS
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
 from .options import Options
 
@@ -149,18 +151,31 @@ def find_rule(name: str, opts: Options) -> Rule:
     for r in ruleset_for(opts):
         if r.name == name:
             return r
+    if name in BUILTIN_STEPS:
+        raise RuleError(f"{name} is a built-in step of the rewriter, not a rule: "
+                        f"{BUILTIN_STEPS[name]}")
     raise RuleError(f"no rule named {name!r} (see `rewritec rules list`)")
+
+
+def list_rules(opts: Options) -> int:
+    """Every rule, those marked `fp_exact: false` (run only with --fast-math) too,
+    tagged, so that the count agrees with `rules check`; then the built-in steps
+    that "rules fired" can also name."""
+    rules = ruleset_for(dataclasses.replace(opts, fast_math=True))
+    width = max(len(r.name) for r in rules)
+    for r in sorted(rules, key=lambda r: (r.kind, r.where.file, r.where.line)):
+        tag = "" if r.fp_exact else "  (fast-math)"
+        print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}{tag}")
+    fast = sum(not r.fp_exact for r in rules)
+    print(f"\n{len(rules)} rules ({fast} fast-math: applied only with --fast-math)")
+    print(f"built-in steps (not rules): {', '.join(sorted(BUILTIN_STEPS))}")
+    return 0
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
     opts = Options.make(rules=tuple(args.rules))
     if args.action == "list":
-        rules = ruleset_for(opts)
-        width = max(len(r.name) for r in rules)
-        for r in sorted(rules, key=lambda r: (r.kind, r.where.file, r.where.line)):
-            print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}")
-        print(f"\n{len(rules)} rules")
-        return 0
+        return list_rules(opts)
 
     import torch
 

@@ -251,3 +251,41 @@ def test_readme_first_rule_walkthrough(tmp_path: Path) -> None:
     graphs = _check_report(tmp_path / "out")
     assert all(g["status"] == "compiled" for g in graphs), graphs
     assert any(g["rules_fired"].get("add-self") for g in graphs), graphs
+
+
+def test_rules_list_counts_what_check_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rules list` shows the fast-math rules too (tagged), so its count is the
+    library's; fold-constants, named under "rules fired", is listed as a built-in
+    step and `explain` says what it is."""
+    from rewritec.engine.errors import RuleError
+    from rewritec.options import Options
+    from rewritec.rulesets import find_rule, list_rules, ruleset_for
+
+    opts = Options.make()
+    assert list_rules(opts) == 0
+    out = capsys.readouterr().out
+    every = ruleset_for(Options.make(fast_math=True))
+    assert f"\n{len(every)} rules (" in out, out[-300:]
+    fast = [r.name for r in every if not r.fp_exact]
+    assert fast, "the library has fp_exact: false rules"
+    for line in out.splitlines():
+        if any(f" {name} " in line for name in fast):
+            assert line.endswith("(fast-math)"), line
+    assert "built-in steps (not rules): fold-constants" in out
+    with pytest.raises(RuleError, match="fold-constants is a built-in step"):
+        find_rule("fold-constants", opts)
+
+
+def test_rules_list_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`rewritec rules list | head`: the reader is gone before the writing starts."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([*PY_MODULE, "rules", "list"], cwd=tmp_path, stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert res.stderr == "", res.stderr
+    assert res.returncode == 141, res.returncode
