@@ -127,7 +127,11 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
         if code:
             return None, code
         return {}, 0
-    except BaseException:  # noqa: BLE001 - show the script's own traceback
+    except BaseException as e:  # noqa: BLE001 - show the script's own traceback
+        ours = _rewritec_cause(e)
+        if ours is not None:  # a strict fallback: our one-line message, not torch's stack
+            print(f"rewritec: error: {ours}", file=sys.stderr)
+            return None, 1
         etype, value, tb = sys.exc_info()
         # Drop our own frames so the traceback starts in the user's script.
         while tb is not None and not tb.tb_frame.f_code.co_filename.endswith(path.name):
@@ -142,6 +146,24 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
         sys.path.remove(str(path.resolve().parent))
 
 
+def _rewritec_cause(e: BaseException) -> BaseException | None:
+    """The RewritecError behind `e`, if any: torch.compile wraps what a backend raises
+    (BackendCompilerFailed), so follow the chain down to ours."""
+    from .engine.errors import RewritecError
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, RewritecError):
+            return x
+        todo += [x.__cause__, x.__context__, getattr(x, "inner_exception", None)]
+    return None
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import report
     from .options import Options
@@ -152,7 +174,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         options["device"] = args.device
     if args.target:
         options["target"] = args.target
-    Options.make(options)  # validate (and load user rules) before running anything
+    from .rulesets import ruleset_for
+
+    # Validate the options, and load and check the user's rules with the gate every
+    # compilation uses, before running anything: rules the user asked for that cannot
+    # be used are an error (exit 2), not a script run silently in eager.
+    ruleset_for(Options.make(options))
     out = Path(args.out)
     problem = _unwritable(out)  # found before the script runs, not after
     if problem:

@@ -289,3 +289,39 @@ def test_rules_list_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
         os.close(write_end)
     assert res.stderr == "", res.stderr
     assert res.returncode == 141, res.returncode
+
+
+RAN_SCRIPT = "print('the script ran')\n"
+BAD_RULES = REPO_ROOT / "tests" / "bad_rules"
+
+
+@pytest.mark.parametrize("rules, error", [
+    (str(BAD_RULES / "two_errors.yaml"), "two_errors.yaml:5: [mul-one-no-doc]"),
+    (str(BAD_RULES / "unsound_sin_cos.yaml"), "unsound_sin_cos.yaml:4: [sin-is-cos] fails"),
+    ("no_such_rules.yaml", "no such rule file or folder: no_such_rules.yaml"),
+])
+def test_compile_with_unusable_rules_stops_before_the_script(tmp_path: Path, rules: str,
+                                                             error: str) -> None:
+    """The user asked for these rules: a malformed, failing or missing file is a
+    file:line error (exit 2), not the whole script run in eager."""
+    (tmp_path / "t.py").write_text(RAN_SCRIPT)
+    res = _run([*PY_MODULE, "compile", "t.py", "--rules", rules, "--quiet"], cwd=tmp_path)
+    assert res.returncode == 2, _explain(res)
+    assert "the script ran" not in res.stdout, _explain(res)
+    assert res.stderr.startswith("rewritec: error: "), _explain(res)
+    assert error in res.stderr, _explain(res)
+    assert "Traceback" not in res.stderr, _explain(res)
+
+
+def test_strict_fallback_is_one_error_not_a_traceback(tmp_path: Path) -> None:
+    bad = BAD_RULES / "two_errors.yaml"
+    (tmp_path / "t.py").write_text(
+        "import torch, rewritec\n"
+        f"f = rewritec.compile(lambda x: (x + x).sin(), rules=[{str(bad)!r}])\n"
+        "f(torch.randn(8))\n")
+    res = _run([*PY_MODULE, "compile", "t.py", "--strict", "--quiet"], cwd=tmp_path)
+    assert res.returncode == 1, _explain(res)
+    assert "Traceback" not in res.stderr, _explain(res)
+    lines = res.stderr.strip().splitlines()
+    assert lines[0].startswith("rewritec: error: rewritec could not compile graph"), lines
+    assert len(lines) == 2, lines  # the two rule errors of the file, one line each
