@@ -180,6 +180,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # compilation uses, before running anything: rules the user asked for that cannot
     # be used are an error (exit 2), not a script run silently in eager.
     ruleset_for(Options.make(options))
+    problem = _no_device_for(options)
+    if problem:
+        return _fail(problem)
     out = Path(args.out)
     problem = _unwritable(out)  # found before the script runs, not after
     if problem:
@@ -204,6 +207,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(report.summary_table(report.RECORDS))
         print(f"\nartifacts: {out}{os.sep} (report.json, captured/final graphs, generated code)")
     return 0
+
+
+def _no_device_for(options: dict[str, Any]) -> str | None:
+    """Why the device or target asked for cannot run here, or None. Without this,
+    every graph falls back and the run reports "compiled" with no kernels."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if options.get("device") == "cuda":
+        return "--device cuda, but torch sees no CUDA GPU on this machine"
+    if options.get("target") == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("--target triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run Triton's "
+                "interpreter on the CPU")
+    return None
 
 
 def _unwritable(out: Path) -> str | None:

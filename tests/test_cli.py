@@ -325,3 +325,26 @@ def test_strict_fallback_is_one_error_not_a_traceback(tmp_path: Path) -> None:
     lines = res.stderr.strip().splitlines()
     assert lines[0].startswith("rewritec: error: rewritec could not compile graph"), lines
     assert len(lines) == 2, lines  # the two rule errors of the file, one line each
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--device", "cuda"], "--device cuda, but torch sees no CUDA GPU"),
+    (["--target", "triton"], "--target triton needs a CUDA GPU, or TRITON_INTERPRET=1"),
+])
+def test_device_or_target_this_machine_lacks_is_an_error(tmp_path: Path, flags: list[str],
+                                                         error: str) -> None:
+    """Not "compiled" with 0 kernels and exit 0: one line and exit 2, script unrun."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    (tmp_path / "t.py").write_text(RAN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([*PY_MODULE, "compile", "t.py", *flags], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert res.returncode == 2, _explain(res)
+    assert res.stderr.startswith(f"rewritec: error: {error}"), _explain(res)
+    assert len(res.stderr.strip().splitlines()) == 1, _explain(res)
+    assert "the script ran" not in res.stdout, _explain(res)
