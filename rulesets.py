@@ -14,11 +14,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from .engine.errors import RuleError, RuleErrors
+from .engine.errors import RewritecError, RuleError, RuleErrors
 from .engine.ops import RULES_DIR, OpTable, default_op_table, use_default_op_table
 from .engine.rewrite import BUILTIN_STEPS
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
-from .options import Options
+from .options import Options, closest
 
 
 def _load(paths: list[Path], builtin: bool) -> list[Rule]:
@@ -130,6 +130,7 @@ def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...],
              verify: bool = True) -> tuple[Rule, ...]:
     user = _load([Path(p) for p in user_paths], builtin=False)
     rules = check_unique(list(builtin_rules()) + user)
+    _check_disabled(disabled, rules)
     if user and verify:
         # Built-in rules are checked by the test suite; user rules get the same gate
         # here, once per process, so an unsound rule never reaches a compiled graph.
@@ -137,6 +138,28 @@ def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...],
 
         verify_user_rules(user, rules)
     return tuple(r for r in rules if r.name not in disabled)
+
+
+def _check_disabled(disabled: tuple[str, ...], rules: list[Rule]) -> None:
+    names = {r.name for r in rules}
+    unknown = [n for n in disabled if n not in names]
+    if unknown:
+        raise RuleError("disable names no rule: " + "; ".join(
+            f"{n!r}{closest(n, names)}" for n in unknown))
+
+
+def check_disabled(opts: Options) -> None:
+    """Raise if `opts.disable` names a rule that does not exist, as soon as the options
+    are given. The user's rule files' own errors are left to the first compilation,
+    which reports them (and falls back, or fails under strict)."""
+    if not opts.disable:
+        return
+    try:
+        rules = check_unique(list(builtin_rules()) + _load([Path(p) for p in opts.rules],
+                                                           builtin=False))
+    except RewritecError:
+        return
+    _check_disabled(tuple(opts.disable), rules)
 
 
 def ruleset_for(opts: Options, verify: bool = True) -> list[Rule]:
