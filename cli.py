@@ -72,6 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_rules(args)
     except RewritecError as e:
         return _fail(str(e))
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """The reader of stdout left early (`rewritec rules list | head`): stop quietly,
+    as a Unix tool killed by SIGPIPE does, instead of a traceback. stdout goes to
+    /dev/null so that the flush at exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13  # 128 + SIGPIPE, the status a shell reports for `yes | head`
 
 
 def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
@@ -115,7 +127,11 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
         if code:
             return None, code
         return {}, 0
-    except BaseException:  # noqa: BLE001 - show the script's own traceback
+    except BaseException as e:  # noqa: BLE001 - show the script's own traceback
+        ours = _rewritec_cause(e)
+        if ours is not None:  # a strict fallback: our one-line message, not torch's stack
+            print(f"rewritec: error: {ours}", file=sys.stderr)
+            return None, 1
         etype, value, tb = sys.exc_info()
         # Drop our own frames so the traceback starts in the user's script.
         while tb is not None and not tb.tb_frame.f_code.co_filename.endswith(path.name):
@@ -130,6 +146,24 @@ def run_script(script: str, options: dict[str, Any]) -> tuple[dict[str, Any] | N
         sys.path.remove(str(path.resolve().parent))
 
 
+def _rewritec_cause(e: BaseException) -> BaseException | None:
+    """The RewritecError behind `e`, if any: torch.compile wraps what a backend raises
+    (BackendCompilerFailed), so follow the chain down to ours."""
+    from .engine.errors import RewritecError
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, RewritecError):
+            return x
+        todo += [x.__cause__, x.__context__, getattr(x, "inner_exception", None)]
+    return None
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import report
     from .options import Options
@@ -140,7 +174,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         options["device"] = args.device
     if args.target:
         options["target"] = args.target
-    Options.make(options)  # validate (and load user rules) before running anything
+    from .rulesets import ruleset_for
+
+    # Validate the options, and load and check the user's rules with the gate every
+    # compilation uses, before running anything: rules the user asked for that cannot
+    # be used are an error (exit 2), not a script run silently in eager.
+    ruleset_for(Options.make(options))
+    problem = _no_device_for(options)
+    if problem:
+        return _fail(problem)
     out = Path(args.out)
     problem = _unwritable(out)  # found before the script runs, not after
     if problem:
@@ -165,6 +207,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(report.summary_table(report.RECORDS))
         print(f"\nartifacts: {out}{os.sep} (report.json, captured/final graphs, generated code)")
     return 0
+
+
+def _no_device_for(options: dict[str, Any]) -> str | None:
+    """Why the device or target asked for cannot run here, or None. Without this,
+    every graph falls back and the run reports "compiled" with no kernels."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if options.get("device") == "cuda":
+        return "--device cuda, but torch sees no CUDA GPU on this machine"
+    if options.get("target") == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("--target triton needs a CUDA GPU, or TRITON_INTERPRET=1 to run Triton's "
+                "interpreter on the CPU")
+    return None
 
 
 def _unwritable(out: Path) -> str | None:

@@ -12,6 +12,7 @@ on or off), REWRITEC_GRAPH_CACHE=0 (no graph cache), REWRITEC_COMPILE_BUDGET
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,6 +23,16 @@ from .engine.errors import RewritecError
 TARGETS = ("auto", "aten", "triton", "openmp")
 CONV_LAYOUTS = ("auto", "channels_last", "keep")
 CUDAGRAPHS = ("auto", "on", "off")
+DEVICES = (None, "cpu", "cuda")
+# Options whose value is True or False, nothing else: strict="no" is not off.
+BOOL_OPTIONS = ("strict", "freeze", "rewrite", "fast_math", "graph_cache")
+DEBUG_LEVELS = range(4)
+
+
+def closest(name: str, known: Any) -> str:
+    """' (did you mean X?)' for the known name nearest `name`, or ''."""
+    near = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def _print_stats_at_exit() -> None:
@@ -96,14 +107,19 @@ class Options:
         known = {f.name for f in fields(cls)}
         unknown = set(given) - known
         if unknown:
-            raise RewritecError(f"unknown rewritec option(s): {', '.join(sorted(unknown))}; "
+            hints = "; ".join(f"{n!r}{closest(str(n), known)}" for n in sorted(unknown, key=str))
+            raise RewritecError(f"unknown rewritec option(s): {hints}; "
                                 f"known: {', '.join(sorted(known))}")
         env_rules = tuple(p for p in os.environ.get("REWRITEC_RULES", "").split(os.pathsep) if p)
         rules = given.get("rules", ())
         if isinstance(rules, str | Path):
             rules = (rules,)
         given["rules"] = tuple(str(r) for r in rules) + env_rules
-        given.setdefault("debug", int(os.environ.get("REWRITEC_DEBUG", "0") or 0))
+        if "debug" not in given:
+            env_debug = os.environ.get("REWRITEC_DEBUG", "0") or "0"
+            if not env_debug.isdigit():
+                raise RewritecError(f"REWRITEC_DEBUG must be 0, 1, 2 or 3, not {env_debug!r}")
+            given["debug"] = int(env_debug)
         given.setdefault("strict", os.environ.get("REWRITEC_STRICT", "") not in ("", "0"))
         given.setdefault("target", os.environ.get("REWRITEC_TARGET", "auto"))
         if given["target"] not in TARGETS:
@@ -125,5 +141,44 @@ class Options:
                 raise RewritecError("REWRITEC_COMPILE_BUDGET must be a number of seconds, "
                                     f"not {os.environ['REWRITEC_COMPILE_BUDGET']!r}") from None
         if "disable" in given:
-            given["disable"] = tuple(given["disable"])
+            given["disable"] = _names(given["disable"])
+        _check_values(given)
         return cls(**given)
+
+
+def _names(disable: Any) -> tuple[str, ...]:
+    """`disable` as a tuple of rule names; one name alone is one rule, not its letters.
+    Whether each names a rule is checked when the rules are loaded (rulesets.py)."""
+    if isinstance(disable, str):
+        return (disable,)
+    try:
+        names = tuple(disable)
+    except TypeError:
+        raise RewritecError(f"disable must be a list of rule names, not {disable!r}") from None
+    for n in names:
+        if not isinstance(n, str):
+            raise RewritecError(f"disable must be a list of rule names, not {disable!r}")
+    return names
+
+
+def _check_values(given: dict[str, Any]) -> None:
+    """Reject a value of the wrong type or out of range, so that it is never read as
+    something else (strict="no" as on, debug="lots" failing inside a compilation)."""
+    for name in BOOL_OPTIONS:
+        if name in given and not isinstance(given[name], bool):
+            raise RewritecError(f"{name} must be True or False, not {given[name]!r}")
+    debug = given["debug"]
+    if isinstance(debug, bool) or not isinstance(debug, int) or debug not in DEBUG_LEVELS:
+        raise RewritecError(f"debug must be an int 0-3, not {debug!r}")
+    if given.get("device") not in DEVICES:
+        raise RewritecError(f"device must be one of {DEVICES}, not {given['device']!r}")
+    out_dir = given.get("out_dir")
+    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+        raise RewritecError(f"out_dir must be a folder path or None, not {out_dir!r}")
+    if out_dir is not None:
+        given["out_dir"] = os.fspath(out_dir)
+    budget = given.get("compile_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                               or budget < 0):
+        raise RewritecError(f"compile_budget must be a number of seconds (>= 0) or None, "
+                            f"not {budget!r}")

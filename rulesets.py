@@ -8,15 +8,17 @@ reuses a built-in name is an error unless it says `overrides: true`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from functools import cache
 from pathlib import Path
 
-from .engine.errors import RuleError, RuleErrors
+from .engine.errors import RewritecError, RuleError, RuleErrors
 from .engine.ops import RULES_DIR, OpTable, default_op_table, use_default_op_table
+from .engine.rewrite import BUILTIN_STEPS
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
-from .options import Options
+from .options import Options, closest
 
 
 def _load(paths: list[Path], builtin: bool) -> list[Rule]:
@@ -128,6 +130,7 @@ def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...],
              verify: bool = True) -> tuple[Rule, ...]:
     user = _load([Path(p) for p in user_paths], builtin=False)
     rules = check_unique(list(builtin_rules()) + user)
+    _check_disabled(disabled, rules)
     if user and verify:
         # Built-in rules are checked by the test suite; user rules get the same gate
         # here, once per process, so an unsound rule never reaches a compiled graph.
@@ -135,6 +138,28 @@ def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...],
 
         verify_user_rules(user, rules)
     return tuple(r for r in rules if r.name not in disabled)
+
+
+def _check_disabled(disabled: tuple[str, ...], rules: list[Rule]) -> None:
+    names = {r.name for r in rules}
+    unknown = [n for n in disabled if n not in names]
+    if unknown:
+        raise RuleError("disable names no rule: " + "; ".join(
+            f"{n!r}{closest(n, names)}" for n in unknown))
+
+
+def check_disabled(opts: Options) -> None:
+    """Raise if `opts.disable` names a rule that does not exist, as soon as the options
+    are given. The user's rule files' own errors are left to the first compilation,
+    which reports them (and falls back, or fails under strict)."""
+    if not opts.disable:
+        return
+    try:
+        rules = check_unique(list(builtin_rules()) + _load([Path(p) for p in opts.rules],
+                                                           builtin=False))
+    except RewritecError:
+        return
+    _check_disabled(tuple(opts.disable), rules)
 
 
 def ruleset_for(opts: Options, verify: bool = True) -> list[Rule]:
@@ -149,18 +174,31 @@ def find_rule(name: str, opts: Options) -> Rule:
     for r in ruleset_for(opts):
         if r.name == name:
             return r
+    if name in BUILTIN_STEPS:
+        raise RuleError(f"{name} is a built-in step of the rewriter, not a rule: "
+                        f"{BUILTIN_STEPS[name]}")
     raise RuleError(f"no rule named {name!r} (see `rewritec rules list`)")
+
+
+def list_rules(opts: Options) -> int:
+    """Every rule, those marked `fp_exact: false` (run only with --fast-math) too,
+    tagged, so that the count agrees with `rules check`; then the built-in steps
+    that "rules fired" can also name."""
+    rules = ruleset_for(dataclasses.replace(opts, fast_math=True))
+    width = max(len(r.name) for r in rules)
+    for r in sorted(rules, key=lambda r: (r.kind, r.where.file, r.where.line)):
+        tag = "" if r.fp_exact else "  (fast-math)"
+        print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}{tag}")
+    fast = sum(not r.fp_exact for r in rules)
+    print(f"\n{len(rules)} rules ({fast} fast-math: applied only with --fast-math)")
+    print(f"built-in steps (not rules): {', '.join(sorted(BUILTIN_STEPS))}")
+    return 0
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
     opts = Options.make(rules=tuple(args.rules))
     if args.action == "list":
-        rules = ruleset_for(opts)
-        width = max(len(r.name) for r in rules)
-        for r in sorted(rules, key=lambda r: (r.kind, r.where.file, r.where.line)):
-            print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}")
-        print(f"\n{len(rules)} rules")
-        return 0
+        return list_rules(opts)
 
     import torch
 

@@ -1,7 +1,7 @@
 """Rule files: loading and validating the YAML rule schema.
 
     rules:
-      - name: mul-one                 # unique, kebab-case
+      - name: mul-one                 # unique: letters, digits, '-', '_'
         doc: "x * 1 -> x"             # the math, one line
         kind: simplify                # recognize | decompose | simplify | fold | fuse
         pattern: x * 1                # what to match
@@ -34,7 +34,10 @@ from .yamlio import load_yaml
 
 KINDS = ("recognize", "decompose", "simplify", "fold", "fuse")
 FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls")
-NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+# A rule name appears in generated code, logs and file names: letters, digits,
+# '-' and '_', starting with a letter, so kebab-case and snake_case both work and
+# nothing can quote, call, or climb out of a folder.
+NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
              "no_match", "fp_exact", "overrides", "template", "grow"}
 FILE_KEYS = {"rules", "kind", "doc"}
@@ -157,9 +160,9 @@ class RuleLoader:
         if not isinstance(entry, dict):
             raise RuleError("each rule is a mapping (name:, doc:, pattern:, ...)", where)
         name = entry.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise RuleError(f"rule name must be kebab-case letters, digits and '-', got "
-                            f"{name!r}", where)
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise RuleError("rule name must be a letter, then letters, digits, '-' and '_', "
+                            f"got {name!r}", where)
         where = Where(file, line, rule=name)
 
         def at(key: str) -> Where:

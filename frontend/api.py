@@ -7,12 +7,14 @@ from typing import Any
 import torch
 
 from ..options import Options
+from ..rulesets import check_disabled
 from .backend import rewritec_backend
 
 
 def compile_model(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False,
                   **options: Any) -> Any:
-    Options.make(options)  # reject unknown options now, not at the first call
+    # reject unknown options, wrong values and unknown rule names now, not at the first call
+    check_disabled(Options.make(options))
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         return rewritec_backend(gm, example_inputs, options=options)

@@ -18,6 +18,7 @@ import torch
 
 from ..codegen import ahead, triton_startup
 from ..options import Options
+from ..rulesets import check_disabled
 from . import graph_cache
 
 
@@ -42,6 +43,7 @@ def _is_buffer(node: torch.fx.Node) -> bool:
 def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
                      options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
     opts = Options.make(options)
+    check_disabled(opts)  # torch.compile(backend="rewritec", options=...) gets here first
     # Parameters and buffers arrive as graph inputs; remember which, for folding
     # in inference graphs (frontend/fold.py guards that against later updates).
     params = [isinstance(x, torch.nn.Parameter) or _is_buffer(n)

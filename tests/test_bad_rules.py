@@ -156,8 +156,36 @@ def test_compile_falls_back_before_codegen(name: str, monkeypatch: pytest.Monkey
     assert messages, f"{name}: no RewritecWarning"
     assert _rel(name) in messages, messages
     golden = (BAD_DIR / f"{name}.expected").read_text()
-    for rule in set(re.findall(r": \[([a-z][a-z0-9-]*)\] ", golden)):
+    for rule in set(re.findall(r": \[([A-Za-z][A-Za-z0-9_-]*)\] ", golden)):
         assert f"[{rule}]" in messages or f"{rule} (" in messages, (rule, messages)
+
+
+SNAKE_RULE = """\
+kind: simplify
+rules:
+  - name: add_self_Twice
+    doc: "x + x -> x * 2"
+    pattern: x + x
+    replace: x * 2.0
+    where:
+      - is_float(x)
+    examples: [{x: 4x8xf32}]
+"""
+
+
+def test_snake_case_rule_name_loads_and_fires(tmp_path: Path) -> None:
+    """Rule names may use '_' and capitals, as a user's own naming does; only the
+    characters that could reach generated code or a path are refused (bad_name_*)."""
+    from rewritec.testing import assert_fires
+
+    path = tmp_path / "snake.yaml"
+    path.write_text(SNAKE_RULE)
+    assert [r.name for r in RuleLoader().load_file(path)] == ["add_self_Twice"]
+    assert_fires("add_self_Twice", lambda x: (x + x).sin(), torch.randn(8), rules=[str(path)])
+    with pytest.raises((RuleError, RuleErrors), match="rule name must be"):  # no newline
+        bad = tmp_path / "newline.yaml"
+        bad.write_text(SNAKE_RULE.replace("name: add_self_Twice", 'name: "add_self\\n"'))
+        RuleLoader().load_file(bad)
 
 
 def test_python_tag_runs_nothing() -> None:

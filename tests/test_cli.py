@@ -251,3 +251,100 @@ def test_readme_first_rule_walkthrough(tmp_path: Path) -> None:
     graphs = _check_report(tmp_path / "out")
     assert all(g["status"] == "compiled" for g in graphs), graphs
     assert any(g["rules_fired"].get("add-self") for g in graphs), graphs
+
+
+def test_rules_list_counts_what_check_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rules list` shows the fast-math rules too (tagged), so its count is the
+    library's; fold-constants, named under "rules fired", is listed as a built-in
+    step and `explain` says what it is."""
+    from rewritec.engine.errors import RuleError
+    from rewritec.options import Options
+    from rewritec.rulesets import find_rule, list_rules, ruleset_for
+
+    opts = Options.make()
+    assert list_rules(opts) == 0
+    out = capsys.readouterr().out
+    every = ruleset_for(Options.make(fast_math=True))
+    assert f"\n{len(every)} rules (" in out, out[-300:]
+    fast = [r.name for r in every if not r.fp_exact]
+    assert fast, "the library has fp_exact: false rules"
+    for line in out.splitlines():
+        if any(f" {name} " in line for name in fast):
+            assert line.endswith("(fast-math)"), line
+    assert "built-in steps (not rules): fold-constants" in out
+    with pytest.raises(RuleError, match="fold-constants is a built-in step"):
+        find_rule("fold-constants", opts)
+
+
+def test_rules_list_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`rewritec rules list | head`: the reader is gone before the writing starts."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([*PY_MODULE, "rules", "list"], cwd=tmp_path, stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert res.stderr == "", res.stderr
+    assert res.returncode == 141, res.returncode
+
+
+RAN_SCRIPT = "print('the script ran')\n"
+BAD_RULES = REPO_ROOT / "tests" / "bad_rules"
+
+
+@pytest.mark.parametrize("rules, error", [
+    (str(BAD_RULES / "two_errors.yaml"), "two_errors.yaml:5: [mul-one-no-doc]"),
+    (str(BAD_RULES / "unsound_sin_cos.yaml"), "unsound_sin_cos.yaml:4: [sin-is-cos] fails"),
+    ("no_such_rules.yaml", "no such rule file or folder: no_such_rules.yaml"),
+])
+def test_compile_with_unusable_rules_stops_before_the_script(tmp_path: Path, rules: str,
+                                                             error: str) -> None:
+    """The user asked for these rules: a malformed, failing or missing file is a
+    file:line error (exit 2), not the whole script run in eager."""
+    (tmp_path / "t.py").write_text(RAN_SCRIPT)
+    res = _run([*PY_MODULE, "compile", "t.py", "--rules", rules, "--quiet"], cwd=tmp_path)
+    assert res.returncode == 2, _explain(res)
+    assert "the script ran" not in res.stdout, _explain(res)
+    assert res.stderr.startswith("rewritec: error: "), _explain(res)
+    assert error in res.stderr, _explain(res)
+    assert "Traceback" not in res.stderr, _explain(res)
+
+
+def test_strict_fallback_is_one_error_not_a_traceback(tmp_path: Path) -> None:
+    bad = BAD_RULES / "two_errors.yaml"
+    (tmp_path / "t.py").write_text(
+        "import torch, rewritec\n"
+        f"f = rewritec.compile(lambda x: (x + x).sin(), rules=[{str(bad)!r}])\n"
+        "f(torch.randn(8))\n")
+    res = _run([*PY_MODULE, "compile", "t.py", "--strict", "--quiet"], cwd=tmp_path)
+    assert res.returncode == 1, _explain(res)
+    assert "Traceback" not in res.stderr, _explain(res)
+    lines = res.stderr.strip().splitlines()
+    assert lines[0].startswith("rewritec: error: rewritec could not compile graph"), lines
+    assert len(lines) == 2, lines  # the two rule errors of the file, one line each
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--device", "cuda"], "--device cuda, but torch sees no CUDA GPU"),
+    (["--target", "triton"], "--target triton needs a CUDA GPU, or TRITON_INTERPRET=1"),
+])
+def test_device_or_target_this_machine_lacks_is_an_error(tmp_path: Path, flags: list[str],
+                                                         error: str) -> None:
+    """Not "compiled" with 0 kernels and exit 0: one line and exit 2, script unrun."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    (tmp_path / "t.py").write_text(RAN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([*PY_MODULE, "compile", "t.py", *flags], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert res.returncode == 2, _explain(res)
+    assert res.stderr.startswith(f"rewritec: error: {error}"), _explain(res)
+    assert len(res.stderr.strip().splitlines()) == 1, _explain(res)
+    assert "the script ran" not in res.stdout, _explain(res)

@@ -269,6 +269,36 @@ def test_unknown_options_are_rejected() -> None:
     assert errors and "bogus" in str(errors[0])
 
 
+@pytest.mark.parametrize("options, error", [
+    ({"strict": "no"}, "strict must be True or False, not 'no'"),
+    ({"fast_math": 1}, "fast_math must be True or False"),
+    ({"debug": "lots"}, "debug must be an int 0-3, not 'lots'"),
+    ({"debug": 7}, "debug must be an int 0-3"),
+    ({"device": "gpu"}, "device must be one of"),
+    ({"compile_budget": "soon"}, "compile_budget must be a number"),
+    ({"stict": True}, "'stict' (did you mean 'strict'?)"),
+    ({"disable": ["mul-on"]}, "disable names no rule: 'mul-on' (did you mean 'mul-one'?)"),
+    ({"disable": ["no-such-rule"]}, "disable names no rule: 'no-such-rule'"),
+])
+def test_option_values_are_checked(options: dict, error: str) -> None:
+    """A wrong value is an error when the options are given, never read as something
+    else (strict="no" as on) or left to make the graph fall back (debug="lots")."""
+    with pytest.raises(RewritecError) as info:
+        rewritec.compile(MLP(), **options)
+    assert error in str(info.value)
+    compiled = torch.compile(MLP(), backend="rewritec", options=options)
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Dynamo wraps ours
+        compiled(torch.randn(2, 16))
+    errors = [e for e in _chain(info.value) if isinstance(e, RewritecError)]
+    assert errors and error in str(errors[0]), info.value
+
+
+def test_good_option_values_pass() -> None:
+    opts = Options.make(disable="mul-one", out_dir=Path("out"), compile_budget=3)
+    assert opts.disable == ("mul-one",) and opts.out_dir == "out"
+    rewritec.compile(MLP(), disable=["mul-one"], debug=0, strict=False)
+
+
 def test_rewrite_false_only_captures_and_runs_aten() -> None:
     check_module(MLP(), [torch.randn(5, 16)], lambda m: rewritec.compile(
         m, strict=True, rewrite=False), steps=1)
