@@ -7,14 +7,13 @@ from typing import Any
 import torch
 
 from ..options import Options
-from ..rulesets import check_disabled
-from .backend import rewritec_backend
+from .backend import check_options, rewritec_backend
 
 
 def compile_model(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False,
                   **options: Any) -> Any:
     # reject unknown options, wrong values and unknown rule names now, not at the first call
-    check_disabled(Options.make(options))
+    check_options(Options.make(options))
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         return rewritec_backend(gm, example_inputs, options=options)
