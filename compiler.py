@@ -283,8 +283,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         rec.stop_reason = result.stop_reason
         report.add_rule_stats(result.stats)
         if opts.debug >= 3:
-            _log.debug("\n".join(f"{name}: {line}" for line in
-                                  ["final graph", *dump_graph(graph).splitlines()]))
+            for line in ["final graph", *dump_graph(graph).splitlines()]:
+                _log.debug("%s: %s", name, line)
     rec.nodes_out = len(graph.terms())
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     launchers: dict[Any, Any] = {}
