@@ -21,6 +21,8 @@ import torch.fx
 
 from . import report
 from .codegen.wrapper import lower
+from .engine.diag import log as _log
+from .engine.diag import user_stacklevel
 from .engine.errors import CompileError, RewritecError
 from .engine.term import Graph
 from .frontend.aten import Bridge
@@ -30,6 +32,21 @@ from .options import Options
 if TYPE_CHECKING:
     from .frontend.graph_cache import Artifact
 
+
+
+def _register_torch_log() -> None:
+    """TORCH_LOGS="rewritec" (REWRITEC_DEBUG=1) and "+rewritec" (3) already work through
+    torch's qualified logger names; registering the name also lists it in
+    TORCH_LOGS="help". torch._logging is not a stable API, so failing here is fine."""
+    try:
+        from torch._logging._internal import register_log
+
+        register_log("rewritec", "rewritec")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+_register_torch_log()
 
 class RewritecWarning(UserWarning):
     """rewritec fell back to ATen/eager for part or all of a graph."""
@@ -102,7 +119,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         if opts.strict:
             raise CompileError(f"rewritec could not compile graph {name}: {reason}") from e
         warnings.warn(f"rewritec: graph {name} falls back to eager ATen: {reason}",
-                      RewritecWarning, stacklevel=2)
+                      RewritecWarning, stacklevel=user_stacklevel())
         rec.status, rec.reason = "fallback", reason
         fn = _boxed(gm.forward)
     rec.compile_seconds = time.perf_counter() - start
@@ -127,7 +144,7 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     def log(line: str) -> None:
         rec.cudagraphs = line
         if opts.debug >= 1:
-            print(f"[rewritec] {rec.name}: {line}")
+            _log.info("%s: %s", rec.name, line)
 
     return CudaGraphRunner(fn, params or [], opts.cudagraphs, log)
 
@@ -255,6 +272,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
 
         target = choose_target(opts, graph)
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
+                              log=lambda line: _log.info("%s: %s", name, line),
                               folder=make_folder(conv.store, bridge, parts["steps"]),
                               is_frozen=is_frozen,
                               can_compile=compilable(target),
@@ -265,7 +283,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         rec.stop_reason = result.stop_reason
         report.add_rule_stats(result.stats)
         if opts.debug >= 3:
-            print(f"[rewritec] final graph {name}:\n{dump_graph(graph)}")
+            for line in ["final graph", *dump_graph(graph).splitlines()]:
+                _log.debug("%s: %s", name, line)
     rec.nodes_out = len(graph.terms())
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     launchers: dict[Any, Any] = {}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .engine import diag
 from .engine.errors import RewritecError
 
 TARGETS = ("auto", "aten", "triton", "openmp")
@@ -120,6 +121,11 @@ class Options:
             if not env_debug.isdigit():
                 raise RewritecError(f"REWRITEC_DEBUG must be 0, 1, 2 or 3, not {env_debug!r}")
             given["debug"] = int(env_debug)
+        # REWRITEC_DEBUG or options={"debug": N} print through the `rewritec` logger;
+        # TORCH_LOGS="rewritec" (or the logger's own level) turns the same lines on.
+        if isinstance(given["debug"], int):
+            diag.enable_debug(given["debug"])
+            given["debug"] = max(given["debug"], diag.level_from_logger())
         given.setdefault("strict", os.environ.get("REWRITEC_STRICT", "") not in ("", "0"))
         given.setdefault("target", os.environ.get("REWRITEC_TARGET", "auto"))
         if given["target"] not in TARGETS:

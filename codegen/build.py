@@ -41,6 +41,7 @@ from typing import Any
 from . import triton_startup
 from .disk_cache import (cache_dir, configured_root, give_up, publish, read_verified, store,
                          verified)
+from ..engine.diag import user_stacklevel
 
 # -fno-math-errno: kernels never read errno, and calls that may set it cannot vectorize.
 # -fno-builtin-sin/cos: GCC merges sin(x) and cos(x) of one x into a scalar
@@ -230,7 +231,8 @@ def _drop_openmp_if_rejected(compiler: str) -> bool:
             _openmp[compiler] = False
     warnings.warn(f"rewritec: {compiler} does not accept -fopenmp; CPU kernels are built "
                   "without OpenMP and run on one thread (set CXX to a compiler with "
-                  "OpenMP for parallel kernels)", NoOpenMPWarning, stacklevel=2)
+                  "OpenMP for parallel kernels)", NoOpenMPWarning,
+                  stacklevel=user_stacklevel())
     return True
 
 

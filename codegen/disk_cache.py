@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
+from ..engine.diag import user_stacklevel
+
 # The lock publish() holds: fcntl on POSIX, msvcrt on Windows, else neither.
 try:
     import fcntl
@@ -108,7 +110,8 @@ def give_up(root: Path, why: str) -> Path:
     if str(root) not in _unusable:
         _unusable[str(root)] = why
         warnings.warn(f"rewritec: cache folder {root} is not used: {why}; compiling "
-                      f"without it, in a private temporary folder", CacheWarning, stacklevel=4)
+                      f"without it, in a private temporary folder", CacheWarning,
+                      stacklevel=user_stacklevel())
     return _private()
 
 

@@ -28,6 +28,7 @@ from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
 from .spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
 from .triton_direct import DirectKernel
+from ..engine.diag import user_stacklevel
 
 
 class KernelFallback(UserWarning):
@@ -60,7 +61,8 @@ class Launcher:
                 self.failed = True
                 warnings.warn(f"rewritec: kernel {self.spec.name} (rule {self.spec.rule}) "
                               f"failed at launch and falls back to ATen: "
-                              f"{type(e).__name__}: {e}", KernelFallback, stacklevel=2)
+                              f"{type(e).__name__}: {e}", KernelFallback,
+                              stacklevel=user_stacklevel())
         return self.fallback(*inputs)
 
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:

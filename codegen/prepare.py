@@ -25,6 +25,7 @@ from .launch import KernelFallback, KernelRecipe, launcher_class
 from .reduction import reduction_spec, render_reduction
 from .row_looped import looped, render_row_looped
 from .spec import KernelSpec
+from ..engine.diag import user_stacklevel
 
 
 @dataclass
@@ -74,7 +75,8 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
     failed: dict[Term, Term] = {}
     order = graph.terms()
     spent: list[str] = []  # the kernels left when the budget ran out
-    say = warn or (lambda m: warnings.warn(m, KernelFallback, stacklevel=4))
+    say = warn or (lambda m: warnings.warn(m, KernelFallback,
+                                           stacklevel=user_stacklevel()))
     for t in order:
         if t.op != "kernel":
             continue

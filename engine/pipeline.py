@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import diag
 from .errors import RewriteStop
 from .fuse import fuse
 from .ops import OpTable, default_op_table
@@ -70,7 +71,7 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
 
     `relayout(graph) -> (graph, summary)` is the layout phase (None: layouts stay)."""
     table = table or default_op_table()
-    log = log or (lambda line: print(f"[rewritec] {line}"))
+    log = log or diag.log.info
     fired: Counter[str] = Counter()
     stats: dict[str, RuleStats] = {}
     phase_log: list[str] = []

@@ -530,5 +530,6 @@ def _dir() -> Path:
 
 
 def _note(line: str) -> None:
-    if os.environ.get("REWRITEC_DEBUG", "0") not in ("", "0"):
-        print(f"[rewritec] {line}")
+    from ..engine.diag import log
+
+    log.info(line)
