@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import json
 import os
-import tempfile
+import secrets
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,12 +91,14 @@ def report_data(records: list[GraphRecord], *, options: dict[str, Any],
 def write_report(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write `data` to `path` as JSON atomically: a reader sees the old report or
     the new one, never half of one. Raises OSError."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    target = Path(path)
+    # Not mkstemp: its 0600 would make report.json private; this honours the umask.
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(data, indent=2, default=str))
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
