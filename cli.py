@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import runpy
 import sys
@@ -192,15 +191,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if scope is None:
         return code
     aot = _compile_ahead_of_time(scope, options)
-    data = {
-        "rewritec": __version__,
-        "script": args.script,
-        "options": {k: v for k, v in options.items() if k != "out_dir"},
-        "ahead_of_time": aot,
-        "graphs": [r.to_json() for r in report.RECORDS],
-    }
+    data = report.report_data(report.RECORDS, options=options, script=args.script,
+                              ahead_of_time=aot)
     try:
-        (out / "report.json").write_text(json.dumps(data, indent=2, default=str))
+        report.write_report(out / "report.json", data)
     except OSError as e:
         return _fail(f"cannot write {out / 'report.json'}: {e.strerror or e}")
     if not args.quiet:

@@ -10,6 +10,7 @@ back to running the captured FX graph eagerly, with a warning naming why
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
@@ -123,7 +124,20 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         rec.status, rec.reason = "fallback", reason
         fn = _boxed(gm.forward)
     rec.compile_seconds = time.perf_counter() - start
+    if opts.out_dir:
+        _update_report(opts, rec)
     return fn
+
+
+def _update_report(opts: Options, rec: report.GraphRecord) -> None:
+    """Rewrite out_dir/report.json with this graph added (docs/report.md). A report
+    that cannot be written does not stop a graph that compiled."""
+    options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    try:
+        report.record_in_out_dir(str(opts.out_dir), rec, options)
+    except OSError as e:
+        warnings.warn(f"rewritec: cannot write {opts.out_dir}/report.json: {e.strerror or e}",
+                      RewritecWarning, stacklevel=3)
 
 
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,

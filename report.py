@@ -1,14 +1,21 @@
 """What happened to each compiled graph: rules fired, kernels, fallback ops.
 
-The compiler appends one `GraphRecord` per graph to `RECORDS`; the CLI turns
-them into `report.json` and a summary table.
+The compiler appends one `GraphRecord` per graph to `RECORDS`. `report.json`
+(docs/report.md) is written by the CLI at the end of a run, and by any
+compilation given `out_dir`, after each graph, listing every graph compiled so
+far into that folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import os
+import secrets
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -60,6 +67,52 @@ RULE_STATS: dict[str, Any] = {}
 def reset() -> None:
     RECORDS.clear()
     RULE_STATS.clear()
+    OUT_DIR_RECORDS.clear()
+
+
+# The graphs compiled into each out_dir, in order: what its report.json lists.
+OUT_DIR_RECORDS: dict[str, list[GraphRecord]] = {}
+
+
+def report_data(records: list[GraphRecord], *, options: dict[str, Any],
+                script: str | None = None, ahead_of_time: Any = None) -> dict[str, Any]:
+    """The contents of report.json; every key is described in docs/report.md."""
+    from . import __version__
+
+    return {
+        "rewritec": __version__,
+        "script": script,
+        "options": {k: v for k, v in options.items() if k != "out_dir"},
+        "ahead_of_time": ahead_of_time,
+        "graphs": [r.to_json() for r in records],
+    }
+
+
+def write_report(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
+    """Write `data` to `path` as JSON atomically: a reader sees the old report or
+    the new one, never half of one. Raises OSError."""
+    target = Path(path)
+    # Not mkstemp: its 0600 would make report.json private; this honours the umask.
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def record_in_out_dir(out_dir: str, rec: GraphRecord, options: dict[str, Any]) -> None:
+    """Add `rec` to the graphs of `out_dir` and rewrite its report.json."""
+    key = os.path.abspath(out_dir)
+    records = OUT_DIR_RECORDS.setdefault(key, [])
+    if rec not in records:
+        records.append(rec)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_report(Path(out_dir) / "report.json", report_data(records, options=options))
 
 
 def add_rule_stats(stats: dict[str, Any]) -> None:

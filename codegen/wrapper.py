@@ -100,11 +100,28 @@ def aten_line(em: Emitter, bridge: Bridge, term: Term, target: str) -> str:
     return f"{target} = {em.callable_name(fn)}({', '.join(parts)})"
 
 
-def op_label(term: Term) -> str:
-    """The name of the ATen op a term runs, for the fallback statistics."""
-    if term.op in ("aten", "call"):
-        return str(term.attr("target"))
-    return term.op
+def op_label(bridge: Bridge, term: Term) -> str:
+    """The name of the op a term runs, for `fallback_ops` (docs/report.md): the
+    overload packet of the ATen op actually called (`addmm` for aten.addmm.default,
+    `mul` for aten.mul.Scalar), `ns::name` for an op of another namespace, and a
+    Python callable's qualified name otherwise. One scheme, whether the term is an
+    op-table op, a captured ATen call or an exported one."""
+    try:
+        fn = bridge.call_parts(term)[0]
+    except Exception:  # noqa: BLE001 - a label never stops a compilation
+        return term.op
+    return callable_label(fn)
+
+
+def callable_label(fn: Any) -> str:
+    schema = getattr(fn, "_schema", None)
+    qualified = schema.name if schema is not None else getattr(fn, "_qualified_op_name", None)
+    if isinstance(qualified, str):  # an OpOverload ("aten::addmm") or OpOverloadPacket
+        ns, _, packet = qualified.partition("::")
+        return packet if ns == "aten" else qualified
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module not in ("builtins", "_operator") else name
 
 
 def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
@@ -140,7 +157,7 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
         else:
             body.append(aten_line(em, bridge, t, em.names[t]))
             if t.op != "getitem":
-                fallback[op_label(t)] += 1
+                fallback[op_label(bridge, t)] += 1
         dead = [a for a in reads[t] if last_use.get(a) == i and a not in keep
                 and a.op not in ("const", "tensor", "input")]
         if dead:
