@@ -137,7 +137,7 @@ def _update_report(opts: Options, rec: report.GraphRecord) -> None:
         report.record_in_out_dir(str(opts.out_dir), rec, options)
     except OSError as e:
         warnings.warn(f"rewritec: cannot write {opts.out_dir}/report.json: {e.strerror or e}",
-                      RewritecWarning, stacklevel=3)
+                      RewritecWarning, stacklevel=user_stacklevel())
 
 
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,

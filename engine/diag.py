@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from types import FrameType
 
 log = logging.getLogger("rewritec")
 
@@ -75,14 +76,14 @@ def _own(filename: str) -> bool:
     if os.path.dirname(path) == _ROOT or path.startswith(_LIBRARY):
         return True
     torch = sys.modules.get("torch")
-    torch_file = getattr(torch, "__file__", None)
-    return bool(torch_file) and path.startswith(os.path.dirname(torch_file) + os.sep)
+    torch_file: str | None = getattr(torch, "__file__", None)
+    return torch_file is not None and path.startswith(os.path.dirname(torch_file) + os.sep)
 
 
 def user_stacklevel() -> int:
     """`stacklevel` for a `warnings.warn` made by the caller of this function, so the
     warning names the first frame outside rewritec and torch (2 if there is none)."""
-    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    frame: FrameType | None = sys._getframe(1)  # the caller of warnings.warn: stacklevel 1
     level = 1
     while frame is not None:
         if not _own(frame.f_code.co_filename):

@@ -244,8 +244,8 @@ def test_readme_first_rule_walkthrough(tmp_path: Path) -> None:
     res = subprocess.run(env_cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          check=False, env={**os.environ, "REWRITEC_DEBUG": "2"})
     assert res.returncode == 0, _explain(res)
-    line = ("add-self @ my_rules/double.yaml:4: add(arg0_1, arg0_1, alpha=1) -> "
-            "mul(arg0_1, 2.0)")
+    line = ("[rewritec] g0_inference: add-self @ my_rules/double.yaml:4: "
+            "add(arg0_1, arg0_1, alpha=1) -> mul(arg0_1, 2.0)")
     assert line in res.stdout + res.stderr, _explain(res)
     assert line in (REPO_ROOT / "README.md").read_text()  # the README shows what runs
     graphs = _check_report(tmp_path / "out")
