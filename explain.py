@@ -18,7 +18,7 @@ from .engine.term import render
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from . import report
-    from .cli import run_script
+    from .cli import _compile_ahead_of_time, run_script
     from .engine import pipeline
     from .options import Options
     from .rulesets import find_rule
@@ -36,10 +36,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     pipeline.run_pipeline = watching  # type: ignore[assignment]
     report.reset()
+    options = {"rules": tuple(args.rules), "fast_math": True, "graph_cache": False}
     try:
         # a graph loaded from the graph cache is never rewritten, so never watched
-        scope, code = run_script(args.script, {"rules": tuple(args.rules), "fast_math": True,
-                                               "graph_cache": False})
+        scope, code = run_script(args.script, options)
+        if scope is not None:  # the exported graph `rewritec compile` reports, watched too
+            _compile_ahead_of_time(scope, options)
     finally:
         pipeline.run_pipeline = real_run  # type: ignore[assignment]
     if scope is None:

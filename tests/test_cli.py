@@ -348,3 +348,18 @@ def test_device_or_target_this_machine_lacks_is_an_error(tmp_path: Path, flags: 
     assert res.stderr.startswith(f"rewritec: error: {error}"), _explain(res)
     assert len(res.stderr.strip().splitlines()) == 1, _explain(res)
     assert "the script ran" not in res.stdout, _explain(res)
+
+
+def test_explain_watches_the_exported_graph_too(tmp_path: Path) -> None:
+    """`rewritec compile` also exports a script's module-level `model`; `explain` must
+    watch that graph as well, or a rule that fires only there reads as never tried."""
+    (tmp_path / "m.py").write_text(
+        "import torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()\n"
+        "example_inputs = (torch.randn(4, 8),)\n")
+    res = _run([*PY_MODULE, "compile", "m.py", "--out", "out"], cwd=tmp_path)
+    assert res.returncode == 0, _explain(res)
+    graphs = _check_report(tmp_path / "out")
+    res = _run([*PY_MODULE, "explain", "m.py", "--rule", "fuse-pointwise"], cwd=tmp_path)
+    assert res.returncode == 0, _explain(res)
+    assert f"in {len(graphs)} graph(s)" in res.stdout, _explain(res)
