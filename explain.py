@@ -52,6 +52,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(f"  pattern: {rule.pattern_src}")
     for _, src in rule.guards:
         print(f"  where:   {src}")
+    if rule.kind == "fuse":
+        return _explain_fuse(rule, fired)
     print(f"  fired {fired} time(s) in {len(report.RECORDS)} graph(s); "
           f"tried on {explanation.roots_seen} `{rule.root}` term(s)")
     if not rule.fp_exact:
@@ -63,4 +65,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
         where = f" at `{render(best.term, 3)}`" if best.term is not None else ""
         print(f"  closest partial match{where}:")
         print(f"    failed: {best.reason}")
+    return 0
+
+
+def _explain_fuse(rule: Any, fired: int) -> int:
+    """A fuse rule groups ops instead of matching one root term: say which kernels it
+    made, from the compile report, rather than counting root terms it never has."""
+    from . import report
+
+    made = [(r.name, k) for r in report.RECORDS for k in r.kernels
+            if rule.name in k.get("rules", ())]
+    print(f"  fired {fired} time(s) in {len(report.RECORDS)} graph(s): "
+          f"{len(made)} kernel(s) it grouped")
+    for graph, k in made:
+        print(f"    {graph}: {k.get('name', '?')} ({k.get('template', '?')}, "
+              f"{k.get('replaced_ops', '?')} op(s))")
+    left = sorted({op for r in report.RECORDS for op in r.fallback_ops})
+    if left:
+        print(f"  ops left to ATen in these graphs: {', '.join(left)}")
     return 0

@@ -363,3 +363,14 @@ def test_explain_watches_the_exported_graph_too(tmp_path: Path) -> None:
     res = _run([*PY_MODULE, "explain", "m.py", "--rule", "fuse-pointwise"], cwd=tmp_path)
     assert res.returncode == 0, _explain(res)
     assert f"in {len(graphs)} graph(s)" in res.stdout, _explain(res)
+
+
+def test_explain_of_a_fuse_rule_lists_its_kernels(tmp_path: Path) -> None:
+    """A fuse rule groups ops; it has no root term to count, so `explain` names the
+    kernels it made instead of saying it was tried on 0 `@pointwise` terms."""
+    (tmp_path / "t.py").write_text(
+        "import torch\ny = torch.compile(lambda x: (x.sin() * 2 + 1).exp())(torch.randn(64))\n")
+    res = _run([*PY_MODULE, "explain", "t.py", "--rule", "fuse-pointwise"], cwd=tmp_path)
+    assert res.returncode == 0, _explain(res)
+    assert "tried on 0" not in res.stdout, _explain(res)
+    assert "1 kernel(s) it grouped" in res.stdout and "pointwise" in res.stdout, _explain(res)
