@@ -10,11 +10,13 @@ TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || ech
 
 .PHONY: demo test bench bench-quick lint clean
 
+# setuptools warns at every editable install of a package laid out as this one is
+# (the repository root is the package) about folders that may shadow it; none does here.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 demo: $(VENV)/.installed
