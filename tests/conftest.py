@@ -52,3 +52,19 @@ def _fresh_state():
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture
+def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the compilations that went through AOTAutograd (graph-cache misses)."""
+    from rewritec.frontend import backend
+
+    calls: list[int] = []
+    real = backend._through_aot
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(backend, "_through_aot", counted)
+    return calls

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rewritec import report
-from rewritec.frontend import backend, graph_cache
+from rewritec.frontend import graph_cache
 from rewritec.options import Options
 
 TARGETS = ["openmp", "triton"]
@@ -29,20 +29,6 @@ TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REWRITEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("REWRITEC_GRAPH_CACHE", "1")
-
-
-@pytest.fixture
-def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the compilations that went through AOTAutograd (misses)."""
-    calls: list[int] = []
-    real = backend._through_aot
-
-    def counted(*args, **kw):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(backend, "_through_aot", counted)
-    return calls
 
 
 def _compile_twice(fn, inputs, **options):  # type: ignore[no-untyped-def]

@@ -26,7 +26,7 @@ from rewritec import report, rulesets
 from rewritec.codegen import build, disk_cache
 from rewritec.codegen.disk_cache import CacheWarning
 from rewritec.codegen.launch import KernelFallback
-from rewritec.frontend import backend, graph_cache
+from rewritec.frontend import graph_cache
 
 pytestmark = pytest.mark.skipif(build.cxx() is None, reason="no C++ compiler")
 
@@ -43,20 +43,6 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     disk_cache._private.cache_clear()  # and has a private folder of its own
     yield tmp_path / "cache"
     disk_cache._private.cache_clear()
-
-
-@pytest.fixture
-def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the compilations that went through AOTAutograd (graph-cache misses)."""
-    calls: list[int] = []
-    real = backend._through_aot
-
-    def counted(*args, **kw):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(backend, "_through_aot", counted)
-    return calls
 
 
 def _compile(x: torch.Tensor, w: torch.Tensor, **options) -> torch.Tensor:  # type: ignore[no-untyped-def]
