@@ -24,6 +24,11 @@ from .engine.errors import RewritecError
 TARGETS = ("auto", "aten", "triton", "openmp")
 CONV_LAYOUTS = ("auto", "channels_last", "keep")
 CUDAGRAPHS = ("auto", "on", "off")
+# torch.compile's modes. default: today's plans; reduce-overhead: replay every graph
+# that can be replayed (training too) as CUDA graphs (cudagraphs="on"); max-autotune:
+# also time kernel configurations at first launch and keep the fastest on disk
+# (codegen/autotune.py); max-autotune-no-cudagraphs: that, with cudagraphs as given.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DEVICES = (None, "cpu", "cuda")
 # Options whose value is True or False, nothing else: strict="no" is not off.
 BOOL_OPTIONS = ("strict", "freeze", "rewrite", "fast_math", "graph_cache")
@@ -99,6 +104,8 @@ class Options:
     # never returns stalls a compilation that long at most. None: no budget (each
     # build still stops after codegen/build.py: BUILD_TIMEOUT_S).
     compile_budget: float | None = 120.0
+    # torch.compile's `mode` (MODES above), also given as options={"mode": ...}.
+    mode: str = "default"
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:
@@ -134,6 +141,14 @@ class Options:
         if given["conv_layout"] not in CONV_LAYOUTS:
             raise RewritecError(f"conv_layout must be one of {CONV_LAYOUTS}, "
                                 f"not {given['conv_layout']!r}")
+        mode = given.setdefault("mode", "default")
+        if mode is None:
+            mode = given["mode"] = "default"
+        if mode not in MODES:
+            raise RewritecError(f"unknown mode {mode!r}{closest(str(mode), MODES)}; "
+                                f"known modes: {', '.join(MODES)}")
+        if mode in ("reduce-overhead", "max-autotune") and "cudagraphs" not in given:
+            given["cudagraphs"] = "on"
         given.setdefault("cudagraphs", os.environ.get("REWRITEC_CUDAGRAPHS", "auto") or "auto")
         if given["cudagraphs"] not in CUDAGRAPHS:
             raise RewritecError(f"cudagraphs must be one of {CUDAGRAPHS}, "

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..codegen import ahead, triton_startup
+from ..engine.errors import RewritecError
 from ..options import Options
 from . import graph_cache
 
@@ -51,7 +52,10 @@ def check_options(opts: Options) -> None:
 
 def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
                      options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
-    opts = Options.make(options)
+    if mode is not None and options and options.get("mode", mode) != mode:
+        raise RewritecError(f"mode={mode!r} and options={{'mode': {options['mode']!r}}} "
+                            "disagree; give one")
+    opts = Options.make(options, **({} if mode is None else {"mode": mode}))
     check_options(opts)  # torch.compile(backend="rewritec", options=...) gets here first
     # Parameters and buffers arrive as graph inputs; remember which, for folding
     # in inference graphs (frontend/fold.py guards that against later updates).
