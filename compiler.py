@@ -84,12 +84,14 @@ def dump_graph(graph: Graph) -> str:
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, *,
                kind: str, params: list[bool] | None = None,
                param_values: list[Any] | None = None,
-               keep: Callable[[Artifact], None] | None = None) -> Any:
+               keep: Callable[[Artifact], None] | None = None, pool: Any = None) -> Any:
     """Compile one ATen-level FX graph; returns a boxed callable (takes a list).
 
     `param_values` (real parameter tensors by input position) allows freezing
     an inference graph; see `frontend/fold.py` for when that is sound. `keep`, if
     given, receives what the graph cache stores of a successful compilation.
+    `pool` (codegen/cudagraphs.py: Pool) is the CUDA-graph memory pool a training
+    graph shares with its other half.
     """
     name = report.graph_name(kind)
     rec = report.GraphRecord(name=name, kind=kind)
@@ -108,7 +110,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
 
             fn = FrozenGuard(frozen, fn, unfrozen)
         guarded = fn
-        fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec)
+        fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec, pool)
         if keep is not None and not parts["kernel_fallbacks"]:
             from .frontend.graph_cache import Artifact
 
@@ -141,14 +143,14 @@ def _update_report(opts: Options, rec: report.GraphRecord) -> None:
 
 
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,
-                      opts: Options, rec: report.GraphRecord) -> Any:
-    """Wrap an inference graph for CUDA-graph replay (codegen/cudagraphs.py); the
-    runner itself falls back to `fn` for CPU arguments or a failed capture."""
+                      opts: Options, rec: report.GraphRecord, pool: Any = None) -> Any:
+    """Wrap a graph for CUDA-graph replay (codegen/cudagraphs.py); the runner itself
+    falls back to `fn` for CPU arguments or a failed capture."""
     if opts.cudagraphs == "off" or not torch.cuda.is_available():
         return fn
     from .codegen.cudagraphs import CudaGraphRunner, auto_declines, eligible
 
-    why_not = eligible(gm, kind, aliased_outputs=False)
+    why_not = eligible(gm, kind, aliased_outputs=False, training=opts.cudagraphs == "on")
     if why_not is None and opts.cudagraphs == "auto":
         why_not = auto_declines(dict(rec.fallback_ops), rec.kernels)
     if why_not is not None:
@@ -160,7 +162,23 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
         if opts.debug >= 1:
             _log.info("%s: %s", rec.name, line)
 
-    return CudaGraphRunner(fn, params or [], opts.cudagraphs, log)
+    return CudaGraphRunner(fn, params or [], opts.cudagraphs, log, kind=kind,
+                           user_outputs=_user_outputs(kind), pool=pool)
+
+
+def _user_outputs(kind: str) -> int | None:
+    """How many of a forward graph's results reach the caller (mutated inputs, the
+    outputs, their bases: AOTAutograd's `num_forward_returns`), the rest being saved
+    for the backward; None for other graphs, or when AOTAutograd does not say (the
+    runner then copies every result of the forward graph out)."""
+    if kind != "forward":
+        return None
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    returns = getattr(meta, "num_forward_returns", None)
+    return returns if isinstance(returns, int) else 1 << 30
 
 
 def _reason(e: Exception) -> str:

@@ -158,8 +158,10 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
             body.append(aten_line(em, bridge, t, em.names[t]))
             if t.op != "getitem":
                 fallback[op_label(bridge, t)] += 1
+        # inputs too: the wrapper holds the only reference once `args` is cleared (a
+        # backward's saved activations go as soon as they are read)
         dead = [a for a in reads[t] if last_use.get(a) == i and a not in keep
-                and a.op not in ("const", "tensor", "input")]
+                and a.op not in ("const", "tensor")]
         if dead:
             body.append("del " + ", ".join(sorted({em.names[a] for a in dead})))
     outs = []

@@ -44,20 +44,29 @@ def test_option_values(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class RecordingOnCpu(CudaGraphRunner):
     """The runner with a stand-in for CUDA-graph recording: a "replay" runs the
-    wrapper again on the tensors it was recorded with and writes the results into
-    the recorded outputs, as a real replay overwrites the graph's memory."""
-
-    recorded: list[bool] = []  # per recording: did it read the caller's tensors?
+    wrapper again on what the graph reads (its own buffers, and the caller's
+    tensors it reads in place, never kept alive by the recording) and writes the
+    results into the recorded outputs, as a real replay overwrites the graph's memory."""
 
     @staticmethod
     def _accepts(args):
         return True
 
+    def __call__(self, args):
+        self._args = list(args)
+        try:
+            return super().__call__(args)
+        finally:
+            self._args = []
+
     def _record(self, inputs):
-        outputs = self.fn(inputs)
+        # a graph keeps its own buffers alive, not the caller's tensors
+        owned = [None if inp is a else inp for inp, a in zip(inputs, self._args, strict=True)]
+        outputs = self.fn(list(inputs))
 
         def replay() -> None:
-            for out, new in zip(outputs, self.fn(inputs), strict=True):
+            now = [o if o is not None else a for o, a in zip(owned, self._args, strict=True)]
+            for out, new in zip(outputs, self.fn(now), strict=True):
                 out.copy_(new)
 
         return replay, outputs
@@ -89,7 +98,7 @@ def test_a_loop_holding_its_last_result_alternates_two_graphs() -> None:
         _check(y, x, w)
     entry, = runner.graphs.values()
     assert len(entry.slots) == 2 and runner.plain == 0
-    assert all(s.buffers is not None for s in entry.slots)  # new tensors: copied in
+    assert all(s.static == (1,) for s in entry.slots)  # new tensors: copied in, w read
 
 
 def test_results_still_held_are_never_overwritten() -> None:
@@ -112,10 +121,10 @@ def test_an_input_refilled_in_place_is_read_where_it_is() -> None:
         x.copy_(torch.randn(3, 4))
         _check(runner([x, w]), x, w)
     entry, = runner.graphs.values()
-    assert len(entry.slots) == 1 and entry.slots[0].buffers is None
+    assert len(entry.slots) == 1 and entry.slots[0].static == (0, 1)
     other = torch.randn(3, 4)  # another tensor: not the one the graph reads
     _check(runner([other, w]), other, w)
-    assert len(entry.slots) == 2 and entry.slots[1].buffers is not None
+    assert len(entry.slots) == 2 and entry.slots[1].static == (1,)
 
 
 def test_a_result_resized_away_from_the_graph_memory_retires_its_graph() -> None:
@@ -228,3 +237,131 @@ def test_auto_threshold_counts_launches_and_products() -> None:
     assert "1 launch(es) without matrix products, fewer than 3" in auto_declines(*one_kernel)
     many = {"addmm": 6}, [{"template": "triton/row"}] * 6
     assert auto_declines(*many) is None
+
+
+def _training_pair():
+    """A forward and a backward runner sharing a pool, as compile_fx makes them for
+    one training graph: forward (x, w) -> (loss, saved), backward (saved, g) -> dw."""
+    from rewritec.codegen.cudagraphs import Pool
+
+    def forward(args):
+        x, w = args
+        h = x * w
+        return ((h * h).sum(), h)
+
+    def backward(args):
+        h, g = args
+        return ((h * 2 * g).sum(0),)
+
+    pool = Pool()
+    fw = RecordingOnCpu(forward, params=[False, True], mode="on", kind="forward",
+                        user_outputs=1, pool=pool)
+    bw = RecordingOnCpu(backward, params=[], mode="on", kind="backward", pool=pool)
+    return fw, bw, pool
+
+
+def test_training_graphs_copy_the_loss_out_and_read_saved_activations_in_place() -> None:
+    fw, bw, pool = _training_pair()
+    w = torch.randn(4)
+    losses, grads = [], []
+    for _ in range(6):
+        x = torch.randn(3, 4)
+        loss, saved = fw([x, w])
+        (dw,) = bw([saved, torch.ones(())])
+        del saved  # autograd frees the activations in the backward
+        losses.append((loss, x))
+        grads.append(dw.clone())
+        del dw
+        torch.testing.assert_close(grads[-1], (2 * x * w).sum(0))
+    # every loss is still what it was: the forward hands copies out
+    for loss, x in losses:
+        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+    (fw_slot,) = fw.graphs[next(iter(fw.graphs))].slots
+    (bw_slot,) = bw.graphs[next(iter(bw.graphs))].slots
+    assert fw_slot.static == (1,) and fw_slot.copies == frozenset({0})
+    assert 0 in bw_slot.static  # the saved activation: the forward graph's memory
+    assert fw.plain == bw.plain == 0 and fw.replays == bw.replays == 5
+    assert pool.slots == [fw_slot, bw_slot]
+
+
+def test_a_graph_recorded_earlier_never_overwrites_a_later_ones_held_result() -> None:
+    """The backward's gradient, kept (as AccumulateGrad keeps a first gradient in
+    .grad), may sit in memory the forward uses for temporaries: the forward runs
+    plainly until it is released."""
+    fw, bw, _ = _training_pair()
+    w = torch.randn(4)
+    for _ in range(2):
+        _, saved = fw([torch.randn(3, 4), w])
+        (held,) = bw([saved, torch.ones(())])
+        del saved
+    x = torch.randn(3, 4)
+    loss, saved = fw([x, w])
+    assert fw.plain == 1  # the held gradient blocks the replay
+    torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+    del held, saved
+    loss, saved = fw([x, w])
+    assert fw.plain == 1 and fw.replays >= 1
+    torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+
+
+def test_a_tensor_that_happened_to_sit_at_the_same_address_is_recorded_again() -> None:
+    """A graph reads in place only the very tensor the previous call passed; if it
+    later gets another, a free graph is recorded again rather than run plainly."""
+    runner = RecordingOnCpu(lambda a: (a[0] * 2,), params=[False], mode="on",
+                            kind="forward", user_outputs=1)
+    x = torch.randn(5)
+    for _ in range(3):
+        torch.testing.assert_close(runner([x])[0], x * 2)
+    (slot,) = next(iter(runner.graphs.values())).slots
+    assert slot.static == (0,)
+    for _ in range(3):
+        y = torch.randn(5)
+        torch.testing.assert_close(runner([y])[0], y * 2)
+    assert runner.rerecords == 1 and runner.plain == 0
+
+
+class TrainBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(64)
+        self.fc1 = torch.nn.Linear(64, 128)
+        self.fc2 = torch.nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+@cuda
+@pytest.mark.parametrize("autocast", [False, True])
+def test_reduce_overhead_training_matches_eager_step_after_step(autocast: bool) -> None:
+    """mode="reduce-overhead" replays the forward and backward graphs of training:
+    losses, gradients and SGD-updated weights equal eager's over several steps, and
+    a loss kept from an early step is never overwritten by a later replay."""
+    torch.manual_seed(0)
+    model = TrainBlock().cuda()
+    ref = TrainBlock().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="rewritec", mode="reduce-overhead")
+    report.reset()
+    kept = []
+    for step in range(6):
+        x = torch.randn(8, 16, 64, device="cuda")
+        outs = []
+        for m, fn in ((model, compiled), (ref, ref)):
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+                loss = fn(x).float().pow(2).mean()
+            loss.backward()
+            outs.append((loss, [p.grad.clone() for p in m.parameters()]))
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.01 * p.grad
+        tol = {"rtol": 2e-2, "atol": 2e-2} if autocast else {"rtol": 1e-4, "atol": 1e-4}
+        torch.testing.assert_close(outs[0][0], outs[1][0], **tol)
+        for g, e in zip(outs[0][1], outs[1][1], strict=True):
+            torch.testing.assert_close(g, e, **tol)
+        kept.append((outs[0][0], outs[1][0].detach().clone()))
+    for got, want in kept:
+        torch.testing.assert_close(got, want, **tol)
+    decided = [r.cudagraphs for r in report.RECORDS if r.kind in ("forward", "backward")]
+    assert decided and all("recorded" in d for d in decided), decided
