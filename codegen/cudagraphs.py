@@ -244,7 +244,10 @@ class CudaGraphRunner:
             if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
                 self.seen[key] = _seen(args)
                 return self.fn(args)
-            params = [a for i, a in enumerate(args) if self._is_param(i)]
+            # Training graphs fold nothing, and the optimizer updates the parameters in
+            # place every step: only an inference graph's parameters are watched.
+            params = [a for i, a in enumerate(args) if self._is_param(i)
+                      and self.kind == "inference"]
             entry = self.graphs[key] = _Entry(params, [p._version for p in params], [])
         elif any(a._version != v for a, v in zip(entry.params, entry.versions, strict=True)):
             # a parameter changed in place: constants folded from it (frontend/fold.py)

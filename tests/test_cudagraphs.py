@@ -269,13 +269,14 @@ def test_training_graphs_copy_the_loss_out_and_read_saved_activations_in_place()
         loss, saved = fw([x, w])
         (dw,) = bw([saved, torch.ones(())])
         del saved  # autograd frees the activations in the backward
-        losses.append((loss, x))
+        losses.append((loss, x, w.clone()))
         grads.append(dw.clone())
         del dw
         torch.testing.assert_close(grads[-1], (2 * x * w).sum(0))
+        w.sub_(0.1 * grads[-1])  # an optimizer step: in place, and no new recording
     # every loss is still what it was: the forward hands copies out
-    for loss, x in losses:
-        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+    for loss, x, w_then in losses:
+        torch.testing.assert_close(loss, ((x * w_then) ** 2).sum())
     (fw_slot,) = fw.graphs[next(iter(fw.graphs))].slots
     (bw_slot,) = bw.graphs[next(iter(bw.graphs))].slots
     assert fw_slot.static == (1,) and fw_slot.copies == frozenset({0})
