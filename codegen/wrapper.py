@@ -20,6 +20,7 @@ import torch
 
 from ..engine.term import Graph, Term
 from ..frontend.aten import Bridge, Opaque, Slot
+from .namespace import namespace
 from .templates import render_template
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -38,7 +39,7 @@ class Emitter:
     """Names values and objects while the wrapper's lines are written."""
 
     def __init__(self) -> None:
-        self.globals: dict[str, Any] = {"torch": torch, "aten": torch.ops.aten}
+        self.globals: dict[str, Any] = namespace()
         self.names: dict[Term, str] = {}
         self._bound: dict[int, str] = {}
 

@@ -442,7 +442,9 @@ def load(key: str, inputs: list[Any], params: list[bool], opts: Any,
 
 def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts: Any,
              recompile: Callable[[list[Any], bool], Any]) -> Any:
-    namespace: dict[str, Any] = {"torch": torch, "aten": torch.ops.aten}
+    from ..codegen.namespace import namespace as wrapper_namespace
+
+    namespace: dict[str, Any] = wrapper_namespace()
     kernels = []
     for name, (kind, *rest) in entry["names"].items():
         if kind == "kernel":
