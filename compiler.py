@@ -148,7 +148,7 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     falls back to `fn` for CPU arguments or a failed capture."""
     if opts.cudagraphs == "off" or not torch.cuda.is_available():
         return fn
-    from .codegen.cudagraphs import CudaGraphRunner, auto_declines, eligible
+    from .codegen.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
 
     why_not = eligible(gm, kind, aliased_outputs=False, training=opts.cudagraphs == "on")
     if why_not is None and opts.cudagraphs == "auto":
@@ -163,7 +163,8 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
             _log.info("%s: %s", rec.name, line)
 
     return CudaGraphRunner(fn, params or [], opts.cudagraphs, log, kind=kind,
-                           user_outputs=_user_outputs(kind), pool=pool)
+                           user_outputs=_user_outputs(kind), pool=pool,
+                           mutated=sorted(set(mutated_inputs(gm).values())))
 
 
 def _user_outputs(kind: str) -> int | None:

@@ -86,19 +86,31 @@ UNSAFE = ("copy_", "rand", "bernoulli", "dropout", "normal", "uniform", "exponen
 def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
              training: bool = False) -> str | None:
     """None when the graph may be replayed; else why not. Training graphs (forward
-    and backward) only with `training` (cudagraphs="on": mode="reduce-overhead")."""
+    and backward) only with `training` (cudagraphs="on": mode="reduce-overhead").
+    A training graph may write into its own inputs (`mutated_inputs`: BatchNorm's
+    running statistics), which a replay does where they are."""
     if kind not in ("inference", "forward", "backward") or (
             kind != "inference" and not training):
         return f"a {kind} graph (only inference graphs are replayed under cudagraphs=auto)"
     if aliased_outputs:
         return "an output aliases an input"
+    writes = set(mutated_inputs(gm)) if kind != "inference" else set()
     for node in gm.graph.nodes:
-        if node.op == "call_function":
+        if node.op == "call_function" and node not in writes:
             name = getattr(node.target, "__name__", str(node.target))
             schema = getattr(node.target, "_schema", None)
             if any(u in name for u in UNSAFE) or (schema is not None and schema.is_mutable):
                 return f"it calls {name}"
     return None
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """The graph's `copy_(input, value)` nodes (AOTAutograd keeps the updates of
+    buffers that need no gradient so) and the input position each writes."""
+    places = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return {n: places[n.args[0]] for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+            and n.args and n.args[0] in places}
 
 
 def _uses(t: torch.Tensor) -> int:
@@ -209,8 +221,10 @@ class CudaGraphRunner:
 
     def __init__(self, fn: Callable[[list[Any]], Any], params: Sequence[bool], mode: str,
                  log: Callable[[str], None] | None = None, *, kind: str = "inference",
-                 user_outputs: int | None = None, pool: Pool | None = None) -> None:
+                 user_outputs: int | None = None, pool: Pool | None = None,
+                 mutated: Sequence[int] = ()) -> None:
         self.fn = fn
+        self.mutated = frozenset(mutated)  # inputs the graph writes into
         self.params = list(params)
         self.mode = mode  # "auto" or "on"
         self.log = log or (lambda line: None)
@@ -313,6 +327,9 @@ class CudaGraphRunner:
                        or _storage(a) in _GRAPH_OUTPUTS
                        or (seen is not None and seen[i][0]() is a
                            and seen[i][1] == a.data_ptr()))
+        if not self.mutated <= set(static):
+            # a copy would take the update the caller's tensor must see
+            raise RuntimeError("an input the graph writes into is not read in place")
         inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
         replay, outputs = self._record(inputs)
         buffers = [None if i in static else a for i, a in enumerate(inputs)]
@@ -346,9 +363,15 @@ class CudaGraphRunner:
         """Record `fn` on `inputs` as a CUDA graph: its replay and its outputs."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        # the warm-up run writes into the inputs the graph updates: undone after it,
+        # so that they are updated once, by the replay that follows the recording
+        before = [(inputs[i], inputs[i].clone()) for i in sorted(self.mutated)]
         with torch.cuda.stream(side):
             self.fn(list(inputs))  # allocations and library handles made outside the capture
+            for dst, src in before:
+                dst.copy_(src)
         torch.cuda.current_stream().wait_stream(side)
+        del before
         graph = torch.cuda.CUDAGraph()
         pool = self.pool
         if pool is not None and pool.handle is None:

@@ -366,3 +366,50 @@ def test_reduce_overhead_training_matches_eager_step_after_step(autocast: bool) 
         torch.testing.assert_close(got, want, **tol)
     decided = [r.cudagraphs for r in report.RECORDS if r.kind in ("forward", "backward")]
     assert decided and all("recorded" in d for d in decided), decided
+
+
+def test_training_graphs_may_write_their_inputs_where_they_are() -> None:
+    """A forward graph updating a buffer (BatchNorm's running mean) is eligible for
+    replay, which writes where the buffer is; anything else mutable is not."""
+    from rewritec.codegen.cudagraphs import mutated_inputs
+
+    gm = _graph(lambda x, buf: (buf.copy_(buf * 0.9 + x.mean(0) * 0.1), x * 2)[1],
+                torch.randn(4, 8), torch.randn(8))
+    writes = mutated_inputs(gm)
+    assert sorted(writes.values()) == [1]
+    assert eligible(gm, "forward", aliased_outputs=False, training=True) is None
+    assert eligible(gm, "inference", aliased_outputs=False) is not None
+    assert eligible(gm, "forward", aliased_outputs=False) is not None  # auto: no training
+    noisy = _graph(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), torch.randn(4))
+    assert eligible(noisy, "forward", aliased_outputs=False, training=True) is not None
+
+
+class ConvBN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+@cuda
+def test_reduce_overhead_training_updates_running_statistics_once_per_step() -> None:
+    torch.manual_seed(0)
+    model, ref = ConvBN().cuda(), ConvBN().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="rewritec", mode="reduce-overhead")
+    report.reset()
+    for _ in range(5):
+        x = torch.randn(4, 3, 8, 8, device="cuda")
+        for m, fn in ((model, compiled), (ref, ref)):
+            m.zero_grad(set_to_none=True)
+            fn(x).square().mean().backward()
+        for g, e in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(g.grad, e.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean)
+        torch.testing.assert_close(model.bn.running_var, ref.bn.running_var)
+    forward = [r.cudagraphs for r in report.RECORDS if r.kind == "forward"]
+    assert forward and all("recorded" in d for d in forward), forward
