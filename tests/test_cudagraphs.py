@@ -413,3 +413,41 @@ def test_reduce_overhead_training_updates_running_statistics_once_per_step() -> 
         torch.testing.assert_close(model.bn.running_var, ref.bn.running_var)
     forward = [r.cudagraphs for r in report.RECORDS if r.kind == "forward"]
     assert forward and all("recorded" in d for d in forward), forward
+
+
+class Awkward(torch.nn.Module):
+    """What a replay cannot take: an input written in place, an output that is a
+    view of an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor):
+        state.add_(1.0)
+        y = torch.tanh(self.fc(x)) * state
+        return y, x.view(-1)
+
+
+@cuda
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_reduce_overhead_runs_what_it_cannot_replay_plainly(dynamic: bool) -> None:
+    """An input mutated in place, an output aliasing an input and dynamic shapes:
+    results, gradients and the mutated input equal eager's, step after step."""
+    torch.manual_seed(0)
+    model, ref = Awkward().cuda(), Awkward().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="rewritec", mode="reduce-overhead",
+                             dynamic=dynamic)
+    s1, s2 = torch.zeros(16, device="cuda"), torch.zeros(16, device="cuda")
+    for n in (4, 4, 4, 6, 6, 6):
+        x = torch.randn(n, 16, device="cuda", requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        y, view = compiled(x, s1)
+        y_ref, view_ref = ref(x2, s2)
+        (y.sum() + view.sum()).backward()
+        (y_ref.sum() + view_ref.sum()).backward()
+        torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(view, view_ref)
+        torch.testing.assert_close(s1, s2)
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
