@@ -97,6 +97,9 @@ class DirectKernel:
         self.ahead = 0  # binaries compiled without launching, then launched statically
         self.from_worker = 0  # binaries the compile worker compiled, launched statically
         self.disabled: str | None = None  # why every call goes through the JIT
+        # While a list, each launch through a remembered runner appends (runner, args,
+        # constexpr tail) to it (codegen/launch.py: Launcher._learn)
+        self.watch: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] | None = None
 
     def _loaded(self) -> Any:
         """The JIT function, loaded on first use (which also sets `params`)."""
@@ -148,6 +151,8 @@ class DirectKernel:
                 self.runners.clear()
                 return self._jit(grid, args, kwargs)
             self.direct += 1
+            if self.watch is not None:  # codegen/launch.py: Launcher learning a plan
+                self.watch.append((run, args, tail))
             return compiled
         compiled = self._jit(grid, args, kwargs)
         if len(self.runners) < LIMIT and self.params is not None:

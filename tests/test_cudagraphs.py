@@ -345,7 +345,7 @@ def test_reduce_overhead_training_matches_eager_step_after_step(autocast: bool) 
     compiled = torch.compile(model, backend="rewritec", mode="reduce-overhead")
     report.reset()
     kept = []
-    for step in range(6):
+    for _ in range(6):
         x = torch.randn(8, 16, 64, device="cuda")
         outs = []
         for m, fn in ((model, compiled), (ref, ref)):
