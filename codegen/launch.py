@@ -92,7 +92,8 @@ class Launcher:
             run, args, tail = seen[0]
             n = len(inputs)
             rest = args[n + 1:]
-            if (len(args) > n and args[n] is out and all(a is b for a, b in zip(args[:n], inputs, strict=True))
+            same = len(args) > n and all(a is b for a, b in zip(args[:n], inputs, strict=True))
+            if (same and args[n] is out
                     and not any(isinstance(a, torch.Tensor) for a in rest)
                     and out.device.type == PLAN_DEVICE and key[0] == _plan_device()):
                 self.plans[key] = _Plan(tuple(out.shape), tuple(out.stride()), out.dtype, run,
