@@ -327,7 +327,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
                                    strict=opts.strict, out_dir=opts.out_dir, name=name,
                                    bridge=bridge, contract=opts.fast_math,
-                                   budget_s=opts.compile_budget)
+                                   budget_s=opts.compile_budget, autotune=opts.autotune)
         graph, launchers = prepared.graph, prepared.launchers
         parts["kernel_fallbacks"] = prepared.failed
         rec.kernels.extend(prepared.records)

@@ -29,6 +29,7 @@ CUDAGRAPHS = ("auto", "on", "off")
 # also time kernel configurations at first launch and keep the fastest on disk
 # (codegen/autotune.py); max-autotune-no-cudagraphs: that, with cudagraphs as given.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 DEVICES = (None, "cpu", "cuda")
 # Options whose value is True or False, nothing else: strict="no" is not off.
 BOOL_OPTIONS = ("strict", "freeze", "rewrite", "fast_math", "graph_cache")
@@ -106,6 +107,11 @@ class Options:
     compile_budget: float | None = 120.0
     # torch.compile's `mode` (MODES above), also given as options={"mode": ...}.
     mode: str = "default"
+
+    @property
+    def autotune(self) -> bool:
+        """Whether kernels' launch configurations are timed (codegen/autotune.py)."""
+        return self.mode in AUTOTUNE_MODES
 
     @classmethod
     def make(cls, options: dict[str, Any] | None = None, **kw: Any) -> Options:

@@ -24,6 +24,7 @@ import torch
 from ..frontend.dtypes import TORCH_DTYPES
 from . import static_launch
 from .attention_launch import attention_launch
+from .autotune import tuned
 from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
 from .spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
@@ -248,6 +249,8 @@ class KernelRecipe:
         if self.target == "triton":
             path = triton_module(self.source)
             fn = _direct(self.source, path, spec.name, lazy, self.contract)
+            if spec.autotune:  # mode max-autotune: the main kernel's config is timed
+                fn = tuned(fn, spec, self.source)
             if self.launcher == "ReductionTritonLauncher":
                 combine = _direct(self.source, path, f"{spec.name}_combine", lazy,
                                   self.contract)

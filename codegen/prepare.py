@@ -57,20 +57,23 @@ def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
 def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
                     out_dir: str | None, name: str, bridge: Bridge | None = None,
                     warn: Callable[[str], None] | None = None,
-                    contract: bool = False, budget_s: float | None = None) -> Prepared:
+                    contract: bool = False, budget_s: float | None = None,
+                    autotune: bool = False) -> Prepared:
     """Build every kernel term of `graph`; failed ones go back to their ATen body.
     `contract` (fast_math) lets the kernels' compiler fuse multiply-adds; the
     builds share `budget_s` seconds of compiler time, and once it is spent the
-    kernels left fall back together, with one warning."""
+    kernels left fall back together, with one warning. `autotune` (mode
+    max-autotune) times Triton kernels' launch configurations (codegen/autotune.py)."""
     with budget(budget_s):
         return _prepare(graph, store, target, strict=strict, out_dir=out_dir, name=name,
-                        bridge=bridge, warn=warn, contract=contract, budget_s=budget_s)
+                        bridge=bridge, warn=warn, contract=contract, budget_s=budget_s,
+                        autotune=autotune)
 
 
 def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
              out_dir: str | None, name: str, bridge: Bridge | None,
              warn: Callable[[str], None] | None, contract: bool,
-             budget_s: float | None) -> Prepared:
+             budget_s: float | None, autotune: bool = False) -> Prepared:
     prepared = Prepared(graph)
     failed: dict[Term, Term] = {}
     order = graph.terms()
@@ -99,6 +102,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             elif (spec.kind == "pointwise" and target == "triton"
                   and spec.meta.get("tile") is not None):
                 spec.template = "pointwise_tiled"  # a layout change: 2-d tiles (kernels.py)
+            spec.autotune = autotune and target == "triton"
             source = (render_reduction(spec, target) if reduction else
                       render_attention(spec) if attention else
                       render_row_looped(spec) if spec.template == "row_looped" else

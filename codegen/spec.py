@@ -48,6 +48,9 @@ class KernelSpec:
     # Set on the copy a launcher keeps for the graph cache (frontend/graph_cache.py),
     # which drops the body: what `compute` found while the body was there.
     compute_dtype: str | None = None
+    # Time launch configurations at each new call and keep the fastest (mode
+    # max-autotune; codegen/autotune.py). Off: the launchers' heuristics alone.
+    autotune: bool = False
 
     @property
     def compute(self) -> str:
