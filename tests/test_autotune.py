@@ -2,8 +2,10 @@
 eager, the fastest measured wins, the winner is stored signed and read back
 without timing, a tampered one is ignored, and mode default times nothing.
 
-Runs through Triton's interpreter on the CPU (conftest sets TRITON_INTERPRET=1),
-where a candidate is timed by perf_counter and at most CANDIDATE_LIMIT are tried.
+On a GPU the kernels run on CUDA, every candidate timed with CUDA events;
+without one, through Triton's interpreter on the CPU (conftest sets
+TRITON_INTERPRET=1), where a candidate is timed by perf_counter and at most
+CANDIDATE_LIMIT are tried.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from rewritec.codegen import autotune, launch
 from rewritec.frontend.graph_cache import _options_text
 from rewritec.options import Options
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="CPU tensors need TRITON_INTERPRET=1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRETED else "cuda"
+pytestmark = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(),
+                                reason="no Triton device (CPU tensors need TRITON_INTERPRET=1)")
 
 
 def _rand(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype=dtype, device=DEVICE)
 
 
 def pointwise(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -107,7 +112,8 @@ def test_every_candidate_equals_eager(case: str, tuned: list[Any],
     monkeypatch.setattr(autotune, "CANDIDATE_LIMIT", 100)
     fn, make, space, tol = CASES[case]
     inputs = make()
-    compiled = _compile(fn)
+    # no CUDA graphs: a replay would not ask the kernel for its winner again
+    compiled = _compile(fn, mode="max-autotune-no-cudagraphs")
     torch.testing.assert_close(compiled(*inputs), fn(*inputs), rtol=tol, atol=tol)
     (kernel,) = tuned
     assert autotune.space_name(kernel.spec) == space
@@ -127,6 +133,7 @@ def test_winner_is_stored_and_read_back_without_timing(case: str, tuned: list[An
     _run(case)
     assert autotune.STATS["tuned"] == 1 and autotune.STATS["read"] == 0
     timed = autotune.STATS["timed"]
+    assert autotune.STATS["timed"] > 2
     (call,) = tuned[0].chosen
     assert timed == len(autotune.candidates(tuned[0].spec, dict(call[0])))
     assert len(_winners(tmp_path)) == 1
@@ -210,3 +217,31 @@ def test_no_cudagraphs_variant_autotunes_too(tuned: list[Any]) -> None:
 def test_graph_cache_key_holds_the_mode() -> None:
     assert _options_text(Options.make(mode="default")) != _options_text(
         Options.make(mode="max-autotune"))
+
+
+def test_graph_cache_load_reads_the_winner(tuned: list[Any], aot_calls: list[int],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph loaded from the graph cache (frontend/graph_cache.py) rebuilds its
+    launchers tuned, and they read the winner stored by the first compile."""
+    monkeypatch.setenv("REWRITEC_GRAPH_CACHE", "1")
+    _run("softmax")
+    _run("softmax")
+    assert len(aot_calls) == 1, "the second compile was not a graph-cache load"
+    assert len(tuned) == 2 and autotune.STATS["tuned"] == 1 and autotune.STATS["read"] == 1
+
+
+def test_meta_launch_is_not_predicted(tuned: list[Any]) -> None:
+    """codegen/ahead.py runs launchers on meta tensors to predict their first launch;
+    an autotuned kernel refuses rather than launch its kernel on them."""
+    launched: list[Any] = []
+
+    class Inner:
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *args, **kw: launched.append(grid)
+
+    _run("pointwise")
+    kernel = autotune.TunedKernel(Inner(), tuned[0].spec, "source", "k")
+    x = torch.empty(8, 33, device="meta")
+    with pytest.raises(NotImplementedError):
+        kernel[(1,)](x, x, x, 264, BLOCK_SIZE=1024)
+    assert launched == []
