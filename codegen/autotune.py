@@ -245,8 +245,9 @@ class TunedKernel:
 
     def _choose(self, call: Any, grid: tuple[int, ...], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Config:
-        """The call's winner: stored, or timed now (and stored); {} where tuning
-        cannot happen, which is remembered unless it may later (a CUDA graph)."""
+        """The call's winner: stored, or timed now (and stored). {} (the heuristic's
+        launch) where it cannot be timed: not remembered, so that a call first seen
+        inside a CUDA graph capture is tuned at its next eager launch."""
         device = _device(args)
         if device is not None and device.type == "meta":
             # codegen/ahead.py predicting a first launch on meta tensors: its swap
