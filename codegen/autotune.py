@@ -226,6 +226,17 @@ class TunedKernel:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    # codegen/launch.py: Launcher._learn watches the kernel's launches to learn a
+    # plan; the wrapped kernel makes them, so it is the one watched. A tuning launch
+    # records every candidate's (so no plan is learned), a later one the winner's.
+    @property
+    def watch(self) -> Any:
+        return getattr(self.inner, "watch", None)
+
+    @watch.setter
+    def watch(self, seen: Any) -> None:
+        self.inner.watch = seen
+
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
             return self.launch(grid, args, kwargs)

@@ -246,3 +246,30 @@ def test_meta_launch_is_not_predicted(tuned: list[Any]) -> None:
     with pytest.raises(NotImplementedError):
         kernel[(1,)](x, x, x, 264, BLOCK_SIZE=1024)
     assert launched == []
+
+
+def test_plan_learning_watches_the_wrapped_kernel(tuned: list[Any]) -> None:
+    """codegen/launch.py: Launcher._learn sets `kernel.watch` and learns a plan from
+    a launch that ran one runner: a tuning launch runs many, a later one the winner."""
+
+    class Inner:  # stands for a DirectKernel: each launch appends to `watch`
+        watch: list[Any] | None = None
+
+        def __getitem__(self, grid: Any) -> Any:
+            def run(*args: Any, **kw: Any) -> None:
+                if self.watch is not None:
+                    self.watch.append((grid, kw))
+
+            return run
+
+    _run("pointwise")
+    kernel = autotune.TunedKernel(Inner(), tuned[0].spec, "source", "k")
+    x = torch.zeros(8, 33, device=DEVICE)
+    for expect_one in (False, True):
+        kernel.watch = seen = []
+        kernel[(1,)](x, x, x, 264, BLOCK_SIZE=1024)
+        kernel.watch = None
+        assert (len(seen) == 1) == expect_one, seen
+    (call,) = kernel.chosen
+    winner = kernel.chosen[call]
+    assert seen[0][1] == {"BLOCK_SIZE": 1024, **winner}
