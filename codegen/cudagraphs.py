@@ -232,7 +232,7 @@ class CudaGraphRunner:
         self.user_outputs = user_outputs
         self.pool = pool
         self.slots = SLOTS if kind == "inference" else 1
-        self.seen: dict[Any, tuple[int, ...]] = {}  # per key, the last plain call's addresses
+        self.seen: dict[Any, tuple[tuple[Any, int], ...]] = {}  # per key, the last plain call's addresses
         self.graphs: dict[Any, _Entry] = {}
         self.disabled: str | None = None
         self.plain = 0  # calls that found every slot busy (tests read it)

@@ -81,7 +81,8 @@ class Launcher:
         a remembered runner, on the inputs themselves, a fresh output and nothing but
         numbers after them, becomes this signature's plan."""
         kernel = self.kernel
-        kernel.watch = seen = []
+        seen: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = []
+        kernel.watch = seen
         try:
             out = self._launch_or_fallback(inputs)
         finally:
