@@ -232,7 +232,8 @@ class CudaGraphRunner:
         self.user_outputs = user_outputs
         self.pool = pool
         self.slots = SLOTS if kind == "inference" else 1
-        self.seen: dict[Any, tuple[tuple[Any, int], ...]] = {}  # per key, the last plain call's addresses
+        # per key, the arguments (weakly) and addresses of the last plain call
+        self.seen: dict[Any, tuple[tuple[Any, int], ...]] = {}
         self.graphs: dict[Any, _Entry] = {}
         self.disabled: str | None = None
         self.plain = 0  # calls that found every slot busy (tests read it)
