@@ -33,10 +33,12 @@ Columns (per model, mode and backend):
 * GPU ms, kernels: device kernel time and kernel count per step, from torch.profiler
   (ProfilerActivity.CUDA) over 3 steps (memcpy and memset excluded). Blank on the CPU.
 * host µs/kernel: host ms / kernels.
-* peak MB: `torch.cuda.max_memory_allocated()` after `reset_peak_memory_stats()`, minus
-  what was allocated before this backend compiled: the weights and inputs every backend
-  shares are not counted, and nothing a previous backend left is. Compile-time
-  allocations (autotuning) count. Blank on the CPU.
+* peak MB: `torch.cuda.max_memory_allocated()` over the timed steps (after
+  `reset_peak_memory_stats()`), minus what was allocated before this backend compiled:
+  the weights and inputs every backend shares are not counted, nor anything a previous
+  backend left; what this backend keeps (CUDA-graph pools, its constants) is. The peak
+  of compiling, the first call and warm-up (autotuning's buffers) is `compile_peak_mb`
+  in the JSON. Blank on the CPU.
 * 1st call s: trace + compile + first step in the measuring process (caches as they are).
   With `--first-call`: cold / warm, each a fresh process (`--first-call-child`)
   with TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and REWRITEC_CACHE_DIR at a new,
@@ -110,7 +112,8 @@ class Row:
     host_ms: float | None = None
     gpu_ms: float | None = None
     kernels: float | None = None
-    peak_mb: float | None = None
+    peak_mb: float | None = None  # the timed steps
+    compile_peak_mb: float | None = None  # compile, first call and warm-up (JSON only)
     first_call_s: float | None = None
     cold_s: float | None = None
     warm_s: float | None = None
@@ -298,6 +301,10 @@ def memory_base(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device)
 
 
+def peak_mb(device: torch.device, base: int) -> float:
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def measure(row: Row, built: Built, inputs: Inputs, ref: tuple[torch.Tensor, list[torch.Tensor]],
             settings: Settings) -> None:
     """Fill `row` with one backend's numbers on one (model, mode)."""
@@ -320,10 +327,13 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: tuple[torch.Tensor, lis
     row.err = rel_error([out], [ref[0]])
     row.grad_err = rel_error(grads, ref[1]) if mode == "train" else None
     del out, grads
-    row.ms, row.host_ms = time_steps(step, settings)
-    row.gpu_ms, row.kernels = profile_kernels(step, settings.device)
     if settings.cuda:
-        row.peak_mb = (torch.cuda.max_memory_allocated(settings.device) - base) / 2**20
+        row.compile_peak_mb = peak_mb(settings.device, base)
+        torch.cuda.reset_peak_memory_stats(settings.device)
+    row.ms, row.host_ms = time_steps(step, settings)
+    if settings.cuda:
+        row.peak_mb = peak_mb(settings.device, base)
+    row.gpu_ms, row.kernels = profile_kernels(step, settings.device)
     row.path, row.graphs = path_of(backend, rewritec_records(), dynamo_before)
 
 
@@ -345,6 +355,17 @@ def prepare(spec: ModelSpec, mode: str, settings: Settings
     return built, inputs, ref
 
 
+def first_line(e: BaseException) -> str:
+    """The error's first line, of its root cause: what a row shows."""
+    cause = e
+    # Dynamo's BackendCompilerFailed keeps the backend's error as inner_exception
+    while (inner := getattr(cause, "inner_exception", None) or cause.__cause__) is not None:
+        cause = inner
+    lines = str(cause).strip().splitlines()
+    text = f"{type(cause).__name__}: {lines[0] if lines else ''}"
+    return clip(text if cause is e else f"{type(e).__name__} from {text}", 300)
+
+
 def run_mode(spec: ModelSpec, mode: str, backends: Sequence[str], settings: Settings
              ) -> list[Row]:
     batch = batch_for(spec, mode, settings.tiny)
@@ -353,7 +374,7 @@ def run_mode(spec: ModelSpec, mode: str, backends: Sequence[str], settings: Sett
         built, inputs, ref = prepare(spec, mode, settings)
     except Exception as e:  # noqa: BLE001 - a row, never the end of the suite
         for row in rows:
-            row.error = f"could not build: {short_error(e)}"
+            row.error = f"could not build: {first_line(e)}"
         return rows
     for row in rows:
         row.shape = built.shape
@@ -361,7 +382,7 @@ def run_mode(spec: ModelSpec, mode: str, backends: Sequence[str], settings: Sett
         try:
             measure(row, built, inputs, ref, settings)
         except Exception as e:  # noqa: BLE001 - exception or OOM: a row
-            row.error = short_error(e).splitlines()[0] if str(e) else type(e).__name__
+            row.error = first_line(e)
             row.traceback = traceback.format_exc(limit=-8)
         print(f"  {spec.name:14} {mode:8} {row.backend:12} {fmt(row.ms):>9} ms  "
               f"{row.error or row.path}  ({time.perf_counter() - t0:.1f} s)", flush=True)
