@@ -98,6 +98,7 @@ BACKENDS: dict[str, tuple[str, str | None] | None] = {
 AUTOTUNE_ONLY = ("inductor-ma", "rewritec-ma")
 PROFILE_STEPS = 3
 CHILD_MARKER = "REWRITEC_MODELS_CHILD "
+Reference = tuple[torch.Tensor, list[torch.Tensor]]  # fp32 output, parameter gradients
 
 
 @dataclass
@@ -305,8 +306,7 @@ def peak_mb(device: torch.device, base: int) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def measure(row: Row, built: Built, inputs: Inputs, ref: tuple[torch.Tensor, list[torch.Tensor]],
-            settings: Settings) -> None:
+def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Settings) -> None:
     """Fill `row` with one backend's numbers on one (model, mode)."""
     backend, mode, model = row.backend, row.mode, built.model
     model.zero_grad(set_to_none=True)
@@ -337,17 +337,19 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: tuple[torch.Tensor, lis
     row.path, row.graphs = path_of(backend, rewritec_records(), dynamo_before)
 
 
-def prepare(spec: ModelSpec, mode: str, settings: Settings
-            ) -> tuple[Built, Inputs, tuple[torch.Tensor, list[torch.Tensor]]]:
-    """The model and inputs of one mode, and its fp32 eager reference output."""
+def prepare(spec: ModelSpec, mode: str, settings: Settings, reference: bool = True
+            ) -> tuple[Built, Inputs, Reference | None]:
+    """The model and inputs of one mode, and (`reference`) its fp32 eager output."""
     torch.manual_seed(0)
     built = spec.build(settings.tiny)
     built.model.to(settings.device).train(mode == "train")
     inputs = built.make_inputs(batch_for(spec, mode, settings.tiny), settings.device)
-    fp32 = Settings(settings.device, torch.float32, settings.tiny, 0, 0, False)
-    ref_step = make_step(built, mode, step_fn(built, mode), inputs, fp32, graphs=False)
-    ref = outputs_of(ref_step, built.model, mode)
-    built.model.zero_grad(set_to_none=True)
+    ref = None
+    if reference:
+        fp32 = Settings(settings.device, torch.float32, settings.tiny, 0, 0, False)
+        ref_step = make_step(built, mode, step_fn(built, mode), inputs, fp32, graphs=False)
+        ref = outputs_of(ref_step, built.model, mode)
+        built.model.zero_grad(set_to_none=True)
     if mode in ("infer", "latency") and settings.dtype != torch.float32:
         built.model.to(settings.dtype)
         inputs = {k: v.to(settings.dtype) if v.is_floating_point() else v
@@ -376,6 +378,7 @@ def run_mode(spec: ModelSpec, mode: str, backends: Sequence[str], settings: Sett
         for row in rows:
             row.error = f"could not build: {first_line(e)}"
         return rows
+    assert ref is not None
     for row in rows:
         row.shape = built.shape
         t0 = time.perf_counter()
@@ -408,7 +411,7 @@ def run_model(spec: ModelSpec, modes: Sequence[str], backends: Sequence[str],
 
 def first_call_child(spec: ModelSpec, mode: str, backend: str, settings: Settings) -> dict:
     """In a fresh process: trace + compile + first step of one backend, in seconds."""
-    built, inputs, _ = prepare(spec, mode, settings)
+    built, inputs, _ = prepare(spec, mode, settings, reference=False)
     start_dynamo(settings.device)
     synchronize(settings.device)
     t0 = time.perf_counter()
