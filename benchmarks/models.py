@@ -161,7 +161,6 @@ def compile_fn(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
     if how is None:
         return fn
     name, mode = how
-    torch._dynamo.reset()
     return torch.compile(fn, backend=rewritec_backend() if name == "rewritec" else name,
                          mode=mode)
 
@@ -310,6 +309,8 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Se
     """Fill `row` with one backend's numbers on one (model, mode)."""
     backend, mode, model = row.backend, row.mode, built.model
     model.zero_grad(set_to_none=True)
+    # reset, then collect, before the base: what the last backend left is freed now,
+    # not during this one's steps (which made Inductor's peaks negative)
     release(settings.device)
     clear_rewritec_records()
     dynamo_before = dynamo_counts()
