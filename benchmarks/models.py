@@ -39,6 +39,9 @@ Columns (per model, mode and backend):
   backend left; what this backend keeps (CUDA-graph pools, its constants) is. The peak
   of compiling, the first call and warm-up (autotuning's buffers) is `compile_peak_mb`
   in the JSON. Blank on the CPU.
+* reserved MB: the same with `max_memory_reserved()`. A CUDA graph's private pool
+  is reserved for good but allocated only while a replay's outputs live, so for the
+  CUDA-graph modes this, not peak MB, is what the graphs hold.
 * 1st call s: trace + compile + first step in the measuring process (caches as they are).
   With `--first-call`: cold / warm, each a fresh process (`--first-call-child`)
   with TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and REWRITEC_CACHE_DIR at a new,
@@ -114,6 +117,7 @@ class Row:
     gpu_ms: float | None = None
     kernels: float | None = None
     peak_mb: float | None = None  # the timed steps
+    reserved_mb: float | None = None  # the timed steps, reserved by the allocator
     compile_peak_mb: float | None = None  # compile, first call and warm-up (JSON only)
     first_call_s: float | None = None
     cold_s: float | None = None
@@ -291,18 +295,26 @@ def release(device: torch.device) -> None:
     torch._dynamo.reset()
     gc.collect()
     if device.type == "cuda":
+        # cuBLAS workspaces live in the caching allocator and CUDA-graph capture frees
+        # them: freed here, each backend's peak counts the ones it uses itself
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 
-def memory_base(device: torch.device) -> int:
+def memory_base(device: torch.device) -> tuple[int, int]:
+    """(allocated, reserved) bytes now, with the peaks reset."""
     if device.type != "cuda":
-        return 0
+        return 0, 0
     torch.cuda.reset_peak_memory_stats(device)
-    return torch.cuda.memory_allocated(device)
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
 
 
 def peak_mb(device: torch.device, base: int) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def reserved_mb(device: torch.device, base: int) -> float:
+    return (torch.cuda.max_memory_reserved(device) - base) / 2**20
 
 
 def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Settings) -> None:
@@ -314,7 +326,7 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Se
     release(settings.device)
     clear_rewritec_records()
     dynamo_before = dynamo_counts()
-    base = memory_base(settings.device)
+    base, reserved_base = memory_base(settings.device)
     graphs = backend.endswith(("-ro", "-ma"))
     t0 = time.perf_counter()
     step = make_step(built, mode, compile_fn(step_fn(built, mode), backend), inputs, settings,
@@ -334,6 +346,7 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Se
     row.ms, row.host_ms = time_steps(step, settings)
     if settings.cuda:
         row.peak_mb = peak_mb(settings.device, base)
+        row.reserved_mb = reserved_mb(settings.device, reserved_base)
     row.gpu_ms, row.kernels = profile_kernels(step, settings.device)
     row.path, row.graphs = path_of(backend, rewritec_records(), dynamo_before)
 
@@ -522,8 +535,8 @@ def groups(rows: Sequence[Row], mode: str) -> list[list[Row]]:
 
 
 HEADER = ["model", "batch", "backend", "ms", "×ind-best", "×eager", "host ms", "GPU ms",
-          "kernels", "host µs/kernel", "peak MB", "1st call s", "cold / warm s", "err",
-          "eager err", "grad err", "eager grad err", "path"]
+          "kernels", "host µs/kernel", "peak MB", "reserved MB", "1st call s", "cold / warm s",
+          "err", "eager err", "grad err", "eager grad err", "path"]
 
 
 def table_row(r: Row, group: Sequence[Row]) -> list[str]:
@@ -532,7 +545,8 @@ def table_row(r: Row, group: Sequence[Row]) -> list[str]:
     cold_warm = "—" if r.cold_s is None else f"{fmt(r.cold_s)} / {fmt(r.warm_s)}"
     return [r.model, str(r.batch), r.backend, fmt(r.ms), fmt(ratio(r.ms, best(group, "inductor"))),
             fmt(ratio(r.ms, eager.ms if eager else None)), fmt(r.host_ms), fmt(r.gpu_ms),
-            fmt(r.kernels), fmt(per_kernel), fmt(r.peak_mb), fmt(r.first_call_s), cold_warm,
+            fmt(r.kernels), fmt(per_kernel), fmt(r.peak_mb), fmt(r.reserved_mb),
+            fmt(r.first_call_s), cold_warm,
             fmt_err(r.err), fmt_err(eager.err if eager else None), fmt_err(r.grad_err),
             fmt_err(eager.grad_err if eager else None),
             f"ERROR: {r.error}" if r.error else r.path]

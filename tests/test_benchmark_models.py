@@ -48,7 +48,7 @@ def test_tiny_model_rows_match_the_fp32_reference(name: str, library: str | None
     for (mode, backend), r in rows.items():
         assert r["error"] is None, r["traceback"]
         assert r["ms"] > 0 and r["host_ms"] > 0 and r["first_call_s"] > 0
-        assert r["gpu_ms"] is None and r["peak_mb"] is None  # CPU: blank
+        assert r["gpu_ms"] is None and r["peak_mb"] is None and r["reserved_mb"] is None
         eager = rows[(mode, "eager")]
         assert within_eager(r["err"], eager["err"]), (mode, backend, r["err"])
         if mode == "train":
