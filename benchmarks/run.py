@@ -1,6 +1,7 @@
 """Benchmark harness: eager PyTorch vs Inductor vs rewritec, measured in one process.
 
     python -m benchmarks.run [--quick] [--device cpu|cuda] [--cases a,b]
+    python -m benchmarks.run --suite models [options of benchmarks.models]
 
 For every case (see `benchmarks.cases`) the same process measures eager PyTorch,
 `torch.compile(fn)` (Inductor, default mode) and `torch.compile(fn, backend="rewritec")`,
@@ -63,6 +64,8 @@ PROBE_MARKER = "REWRITEC_BENCH_PROBE "
 # Cases whose cold/warm compile is probed in --quick mode (each pair of probes is skipped
 # when the time budget cannot cover it).
 QUICK_PROBE_CASES = ("pointwise_chain", "layer_norm_4k")
+# --suite: this module's cases, or the real models of benchmarks.models
+SUITES = ("cases", "models")
 
 
 # --------------------------------------------------------------------------- settings
@@ -862,12 +865,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None,
                    help="markdown output path (default benchmarks/results/<device>.md); "
                         "the JSON goes beside it")
+    p.add_argument("--suite", choices=SUITES, default="cases",
+                   help="cases: this harness (the default); models: real models, "
+                        "`python -m benchmarks.models` with the other options")
     p.add_argument("--compile-probe", metavar="CASE", default=None, help=argparse.SUPPRESS)
     p.add_argument("--backend", choices=BACKENDS, default="rewritec", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
+def suite_of(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """The --suite chosen, and the other arguments."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--suite", choices=SUITES, default="cases")
+    known, rest = p.parse_known_args(argv)
+    return known.suite, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    suite, rest = suite_of(argv)
+    if suite == "models":
+        # its own process: benchmarks.models builds on this module's helpers
+        return subprocess.call([sys.executable, "-m", "benchmarks.models", *rest], cwd=REPO_ROOT)
     args = parse_args(argv)
     if args.list:
         for c in CASES:

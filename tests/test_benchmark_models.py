@@ -1,0 +1,124 @@
+"""The models suite (benchmarks/models.py): tiny real models on the CPU, eager and
+rewritec, inference and training; its table, summary and files. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rewritec.benchmarks import models
+from rewritec.benchmarks.model_zoo import Built, ModelSpec
+from rewritec.benchmarks.models import (HEADER, Row, Settings, main, markdown, run_model,
+                                        summary)
+from rewritec.benchmarks.run import suite_of
+
+# (model, the library it needs beyond torch)
+TINY_MODELS = [("torch_encoder", None), ("gpt2", "transformers"), ("llama", "transformers")]
+MODES = ("infer", "train")
+BACKENDS = ("eager", "rewritec")
+
+
+def run_suite(name: str, out: Path) -> dict[str, Any]:
+    argv = ["--tiny", "--device", "cpu", "--models", name, "--modes", ",".join(MODES),
+            "--backends", ",".join(BACKENDS), "--steps", "2", "--warmup", "1", "--out", str(out)]
+    assert main(argv) == 0
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def within_eager(err: float | None, eager_err: float | None) -> bool:
+    """rewritec's error vs the fp32 reference: a few times eager's, plus a tolerance."""
+    return err is not None and eager_err is not None and math.isfinite(err) \
+        and err <= 4 * eager_err + 1e-4
+
+
+@pytest.mark.parametrize(("name", "library"), TINY_MODELS)
+def test_tiny_model_rows_match_the_fp32_reference(name: str, library: str | None,
+                                                  tmp_path: Path) -> None:
+    if library:
+        pytest.importorskip(library)
+    out = tmp_path / "models-cpu.md"
+    data = run_suite(name, out)
+    rows = {(r["mode"], r["backend"]): r for r in data["rows"]}
+    assert set(rows) == {(m, b) for m in MODES for b in BACKENDS}
+    for (mode, backend), r in rows.items():
+        assert r["error"] is None, r["traceback"]
+        assert r["ms"] > 0 and r["host_ms"] > 0 and r["first_call_s"] > 0
+        assert r["gpu_ms"] is None and r["peak_mb"] is None and r["reserved_mb"] is None
+        eager = rows[(mode, "eager")]
+        assert within_eager(r["err"], eager["err"]), (mode, backend, r["err"])
+        if mode == "train":
+            assert within_eager(r["grad_err"], eager["grad_err"]), (backend, r["grad_err"])
+    for mode in MODES:
+        rw = rows[(mode, "rewritec")]
+        assert rw["graphs"]["compiled"] >= 1 and rw["graphs"]["fallback"] == 0, rw["path"]
+        assert rw["path"].startswith(f"{rw['graphs']['compiled']} compiled")
+    text = out.read_text()
+    assert "| " + " | ".join(HEADER) + " |" in text
+    for section in ("## infer", "## train", "## Summary", "## Columns", "- command: `"):
+        assert section in text
+    assert set(data["summary"]) == {"infer rewritec", "train rewritec"}
+
+
+def test_a_missing_library_is_a_skipped_row() -> None:
+    spec = ModelSpec("ghost", "llm", "no_such_library_here", lambda tiny: None,  # type: ignore[arg-type]
+                     infer_batch=1, train_batch=1)
+    settings = Settings(torch.device("cpu"), torch.float32, True, 1, 0, False)
+    rows = run_model(spec, MODES, BACKENDS, settings)
+    assert [(r.model, r.skipped) for r in rows] == [
+        ("ghost", "needs no_such_library_here, which is not installed")]
+    assert "`ghost` skipped: needs no_such_library_here" in markdown(rows, env())
+
+
+def test_a_failing_backend_is_a_row_with_the_error_and_the_suite_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        raise RuntimeError("no kernel for this\nsecond line")
+
+    monkeypatch.setattr(models, "rewritec_backend", lambda: failing_backend)
+
+    def build(tiny: bool) -> Built:
+        return Built(torch.nn.Linear(4, 4), lambda b, d: {"x": torch.randn(b, 4, device=d)},
+                     lambda m, x: m(x["x"]), lambda m, x: m(x["x"]).sum(), "4")
+
+    spec = ModelSpec("broken", "llm", "torch", build, infer_batch=2, train_batch=2)
+    settings = Settings(torch.device("cpu"), torch.float32, True, 1, 0, False)
+    rows = run_model(spec, MODES, BACKENDS, settings)
+    assert [(r.mode, r.backend) for r in rows] == [(m, b) for m in MODES for b in BACKENDS]
+    for r in rows:
+        if r.backend == "eager":
+            assert r.error is None and r.ms is not None
+        else:
+            assert r.error is not None and "no kernel for this" in r.error, r.error
+            assert "\n" not in r.error and "second line" not in r.error
+    assert "ERROR: " in markdown(rows, env())
+
+
+def test_summary_compares_with_inductors_best_and_counts_regressions() -> None:
+    def row(model: str, backend: str, ms: float, host: float, peak: float) -> Row:
+        return Row(model, "llm", "infer", backend, ms=ms, host_ms=host, peak_mb=peak)
+
+    rows = [row("a", "eager", 10, 1, 0), row("a", "inductor", 4, 1, 5),
+            row("a", "inductor-ro", 2, 0.5, 6), row("a", "rewritec", 3, 2, 4),
+            row("b", "eager", 2, 1, 0), row("b", "inductor", 1, 1, 5),
+            row("b", "rewritec", 4, 0.5, 9)]
+    s = summary(rows)["infer rewritec"]
+    assert s["models"] == 2
+    assert math.isclose(s["geomean_vs_inductor_best"], math.sqrt((3 / 2) * (4 / 1)))
+    assert (s["slower_than_eager"], s["more_memory"], s["more_host"]) == (1, 1, 1)
+
+
+def test_run_delegates_the_models_suite() -> None:
+    assert suite_of(["--suite", "models", "--tiny", "--models", "gpt2"]) == (
+        "models", ["--tiny", "--models", "gpt2"])
+    assert suite_of(["--quick"]) == ("cases", ["--quick"])
+
+
+def env() -> dict[str, Any]:
+    return {"device_name": "test CPU (cpu)", "torch": "t", "triton": "t", "transformers": "t",
+            "timm": "t", "python": "p", "git_commit": "c", "date": "d", "command": "x",
+            "steps": 1, "warmup": 0, "tiny": True, "dtype": "fp32"}
