@@ -60,7 +60,10 @@ class Launcher:
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         plans = self.plans
         if plans is not None:
-            key = _signature(inputs)
+            try:
+                key = _signature(inputs)
+            except AttributeError:  # an input that is not a tensor: no plan for it
+                return self._launch_or_fallback(inputs)
             plan = plans.get(key)
             if plan is not None:
                 try:
@@ -97,7 +100,7 @@ class Launcher:
             same = len(args) > n and all(a is b for a, b in zip(args[:n], inputs, strict=True))
             if (same and args[n] is out
                     and not any(isinstance(a, torch.Tensor) for a in rest)
-                    and out.device.type == PLAN_DEVICE and key[0] == _plan_device()):
+                    and out.device.type == PLAN_DEVICE and _index(out) == key[0]):
                 self.plans[key] = _Plan(tuple(out.shape), tuple(out.stride()), out.dtype, run,
                                         (*rest, *tail))
         return out
@@ -144,6 +147,13 @@ PLAN_DEVICE = "cuda"
 
 def _plan_device() -> int:
     return torch._C._cuda_getDevice()
+
+
+def _index(t: torch.Tensor) -> int:
+    """A tensor's device index as `_plan_device` gives the current one: a plan
+    allocates on the current device, so one learned elsewhere is never kept."""
+    index = t.device.index
+    return -1 if index is None else index
 
 
 def _plan_alloc(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype

@@ -95,3 +95,26 @@ def test_a_plan_that_fails_hands_back_to_the_full_path() -> None:
                   for key, p in axpy.plans.items()}
     torch.testing.assert_close(axpy(x, y), x * 2.0 + y)
     assert axpy.plans is None and axpy.full == 2
+
+
+def test_inputs_that_are_not_tensors_take_the_full_path() -> None:
+    class Scaled(Axpy):
+        def launch(self, x, y):
+            self.full += 1
+            return x * y
+
+    axpy = Scaled(Kernel())
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(axpy(x, 3.0), x * 3.0)
+    assert axpy.full == 3 and axpy.plans == {}
+
+
+def test_an_output_on_another_device_than_the_current_one_is_not_planned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "_plan_device", lambda: 1)  # "current": another device
+    axpy = Axpy(Kernel())
+    for _ in range(3):
+        x, y = torch.randn(4, 8), torch.randn(8)
+        torch.testing.assert_close(axpy(x, y), x * 2.0 + y)
+    assert axpy.full == 3 and axpy.plans == {}
