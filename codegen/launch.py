@@ -28,7 +28,7 @@ from .autotune import tuned
 from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
 from .spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
-from .triton_direct import DirectKernel
+from .triton_direct import POISON, DirectKernel
 from ..engine.diag import user_stacklevel
 
 
@@ -53,7 +53,7 @@ class Launcher:
         self.fallback = fallback
 
     # Launch plans by input signature (`_signature`): at most PLANS per launcher
-    plans: dict[Any, _Plan] | None = None
+    plans: dict[Any, Any] | None = None  # _Plan, _Steps or NO_PLAN
     PLANS = 16
     attempts = 0
 
@@ -66,10 +66,10 @@ class Launcher:
                 return self._launch_or_fallback(inputs)
             plan = plans.get(key)
             if plan is not None:
+                if plan is NO_PLAN:
+                    return self._launch_or_fallback(inputs)
                 try:
-                    out = _plan_alloc(plan.size, plan.stride, plan.dtype)
-                    plan.run(*inputs, out, *plan.rest)
-                    return out
+                    return plan.launch(inputs)
                 except Exception:  # noqa: BLE001 - the full path below decides
                     self.plans = None
             elif len(plans) < self.PLANS and not self.failed:
@@ -79,30 +79,47 @@ class Launcher:
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # While a launch is learned, the scratch tensors it allocates (a split
+    # reduction's partial results): a plan allocates them afresh at each call
+    temps: list[torch.Tensor] | None = None
+
+    def watched(self) -> tuple[Any, ...]:
+        """The kernels a launch may run, in any order and number (a split reduction:
+        the kernel, then its combine)."""
+        return (self.kernel,)
+
     def _learn(self, key: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Launch as usual, watching the kernel: a call that launched it once, through
-        a remembered runner, on the inputs themselves, a fresh output and nothing but
-        numbers after them, becomes this signature's plan."""
-        kernel = self.kernel
-        seen: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = []
-        kernel.watch = seen
+        """Launch as usual, watching the kernels: a call whose every launch went
+        through a remembered runner, with arguments that are the inputs themselves,
+        the fresh output, scratch tensors the launch allocated and numbers, becomes
+        this signature's plan. A launch that passes any other tensor (an input made
+        contiguous first) never will: NO_PLAN, so the signature is not watched again."""
+        kernels = self.watched()
+        seen: list[Any] = []
+        temps: list[torch.Tensor] = []
+        before = [_launches(k) for k in kernels]
+        for k in kernels:
+            k.watch = seen
+        self.temps = temps
         try:
             out = self._launch_or_fallback(inputs)
         finally:
-            kernel.watch = None
+            for k in kernels:
+                k.watch = None
+            self.temps = None
         self.attempts += 1
         if self.attempts > 2 * self.PLANS and self.plans is not None and not self.plans:
             self.plans = None  # never learned (the JIT launches, or several kernels)
-        if len(seen) == 1 and self.plans is not None:
-            run, args, tail = seen[0]
-            n = len(inputs)
-            rest = args[n + 1:]
-            same = len(args) > n and all(a is b for a, b in zip(args[:n], inputs, strict=True))
-            if (same and args[n] is out
-                    and not any(isinstance(a, torch.Tensor) for a in rest)
-                    and out.device.type == PLAN_DEVICE and _index(out) == key[0]):
-                self.plans[key] = _Plan(tuple(out.shape), tuple(out.stride()), out.dtype, run,
-                                        (*rest, *tail))
+        if self.plans is None or not seen or POISON in seen \
+                or out.device.type != PLAN_DEVICE or _index(out) != key[0]:
+            return out
+        after = [_launches(k) for k in kernels]
+        if None in before or None in after:
+            counted = len(seen) == 1 and len(kernels) == 1  # a kernel without counters
+        else:
+            counted = sum(after) - sum(before) == len(seen)  # type: ignore[arg-type]
+        if counted:
+            self.plans[key] = _make_plan(seen, inputs, out, temps)
         return out
 
     def _launch_or_fallback(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -124,13 +141,88 @@ class Launcher:
 class _Plan:
     """One launch learned by `Launcher._learn`: the output's size, strides and dtype,
     the kernel's runner and the numbers after the output (sizes, strides, then the
-    constexprs). Everything in it follows from the signature it is kept under."""
+    constexprs), for a runner that takes the inputs, then the output, then numbers.
+    Everything in it follows from the signature it is kept under."""
 
     size: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
     run: Callable[..., Any]
     rest: tuple[Any, ...]
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        out = _plan_alloc(self.size, self.stride, self.dtype)
+        self.run(*inputs, out, *self.rest)
+        return out
+
+
+# An argument of a learned launch (`_Steps`): the n-th input, the output, the n-th
+# scratch tensor, or a value passed as it is.
+_IN, _OUT, _TEMP, _VALUE = range(4)
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Several launches learned by `Launcher._learn` (a split reduction and its
+    combine), or one whose arguments are not inputs-output-numbers: the output and
+    the scratch tensors are allocated afresh, then each runner called in order."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    temps: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
+    steps: tuple[tuple[Callable[..., Any], tuple[tuple[int, Any], ...]], ...]
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        out = _plan_alloc(self.size, self.stride, self.dtype)
+        temps = [_plan_alloc(*t) for t in self.temps]
+        for run, slots in self.steps:
+            run(*[inputs[v] if k == _IN else out if k == _OUT else temps[v] if k == _TEMP
+                  else v for k, v in slots])
+        return out
+
+
+# The plan of a signature whose launch cannot be replayed: launch it the full way
+NO_PLAN: Any = object()
+
+
+def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
+               temps: list[torch.Tensor]) -> Any:
+    """The plan replaying the watched launches `seen`, or NO_PLAN."""
+    n = len(inputs)
+    if len(seen) == 1:
+        run, args, tail = seen[0]
+        rest = args[n + 1:]
+        if len(args) > n and all(a is b for a, b in zip(args[:n], inputs, strict=True)) \
+                and args[n] is out and not any(isinstance(a, torch.Tensor) for a in rest):
+            return _Plan(tuple(out.shape), tuple(out.stride()), out.dtype, run, (*rest, *tail))
+    ids = {id(x): (_IN, i) for i, x in reversed(list(enumerate(inputs)))}
+    ids.update({id(t): (_TEMP, j) for j, t in enumerate(temps)})
+    ids[id(out)] = (_OUT, None)
+    steps = []
+    for run, args, tail in seen:
+        slots = []
+        for a in (*args, *tail):
+            if isinstance(a, torch.Tensor):
+                slot = ids.get(id(a))
+                if slot is None:
+                    return NO_PLAN  # a tensor made during the launch (a contiguous copy)
+                slots.append(slot)
+            else:
+                slots.append((_VALUE, a))
+        steps.append((run, tuple(slots)))
+    if any(t.device != out.device for t in temps):
+        return NO_PLAN  # a plan allocates on the current device only
+    shapes = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in temps)
+    return _Steps(tuple(out.shape), tuple(out.stride()), out.dtype, shapes, tuple(steps))
+
+
+def _launches(kernel: Any) -> int | None:
+    """How many launches `kernel` made so far (a DirectKernel's counters), or None."""
+    direct, jitted = getattr(kernel, "direct", None), getattr(kernel, "jitted", None)
+    if not isinstance(direct, int) or not isinstance(jitted, int):
+        return None
+    return direct + jitted
 
 
 def _signature(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
