@@ -70,15 +70,31 @@ def reduced_dims(t: Term) -> tuple[int, ...] | None:
 FLOATS = ("f32", "f16", "bf16", "f64")
 
 
+def _value(t: Term, root: Term) -> bool:
+    """A tensor a kernel computes in: a float, or a bool mask that stays inside
+    (a comparison a `where` reads); the result a kernel writes is a float."""
+    return t.meta.kind == "tensor" and (
+        t.meta.dtype in FLOATS or (t.meta.dtype == "b8" and t is not root))
+
+
+def broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
+    """`shape` broadcasts to `to` (numpy's rule: align the last dims; 1 stretches)."""
+    return len(shape) <= len(to) and all(
+        a == b or a == 1 for a, b in zip(reversed(shape), reversed(to), strict=False))
+
+
 class PointwiseSpace:
-    """Every member has the root's shape: one loop over the output's elements."""
+    """One loop over the output's elements: every member has the root's shape, or
+    one that broadcasts to it (a per-channel value, recomputed per element: its
+    operands are read through the broadcast, as the kernel's inputs are)."""
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
+        self.root = root
 
     def fits(self, t: Term) -> bool:
-        return t.meta.kind == "tensor" and tuple(t.meta.shape) == self.shape \
-            and t.meta.dtype in FLOATS and t.op not in ROW_REDUCTIONS
+        return _value(t, self.root) and broadcasts(tuple(t.meta.shape), self.shape) \
+            and t.op not in ROW_REDUCTIONS
 
 
 class RowSpace:
@@ -90,6 +106,7 @@ class RowSpace:
         self.dim = reduced_dim(root)
         src = root.args[0] if self.dim is not None else root
         self.shape = tuple(src.meta.shape)
+        self.root = root
 
     def per_row(self) -> tuple[Any, ...] | None:
         if self.dim is None:
@@ -97,7 +114,7 @@ class RowSpace:
         return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
 
     def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS or not self.shape:
+        if not _value(t, self.root) or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
             d = reduced_dim(t)

@@ -48,6 +48,8 @@ ATTR_FUNCS: dict[str, Any] = {
     "neg": lambda x: -x,
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
     "dtype_of": lambda t: t.meta.dtype,
+    # the epsilon rms_norm adds when given none: its compute dtype's (f32 for halves)
+    "eps_of": lambda t: 2.220446049250313e-16 if t.meta.dtype == "f64" else 1.1920928955078125e-07,
     # (-1, 1, 1, ...) that puts a per-channel vector on dim 0 of a tensor like t
     "channel_view": lambda t: (-1,) + (1,) * (t.meta.rank - 1),
     # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t
