@@ -497,6 +497,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
                 f"+ cols * {inp.name}_stride{spec.rank - 1}")
             off, mask = base, "mask"
         cast = "" if inp.dtype == "b8" else f".to({compute})"
+        if inp.dtype in ("f16", "bf16") and spec.compute == "f64":
+            cast = f".to(tl.float32){cast}"  # exact; the interpreter has no half -> f64
         m = f", mask={mask}, other=0" if mask else ""
         loads.append(f"x{spec.inputs.index(inp)} = tl.load({inp.name}_ptr + {off}{m}){cast}")
     for t in spec.body:
@@ -526,6 +528,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
         else:
             stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")
     result = names[spec.root]
+    if spec.compute == "f64" and spec.out_dtype in ("f16", "bf16"):
+        result = f"{result}.to(tl.float32)"  # as loads: the interpreter has no f64 -> half
     if tiled:
         out_off, out_mask = tile_out, "mask"
     elif spec.kind == "pointwise":
