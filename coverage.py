@@ -37,8 +37,9 @@ EXTERN_OPS = frozenset({
     # matrix products
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot",
     "vdot", "einsum", "_addmm_activation", "_int_mm", "_scaled_mm",
-    # attention
-    "scaled_dot_product_attention", "rewritec::attention",
+    # attention, and the fused transformer layers of nn.Transformer's fast path
+    "scaled_dot_product_attention", "rewritec::attention", "_native_multi_head_attention",
+    "_transformer_encoder_layer_fwd",
     # linear algebra
     "cholesky", "triangular_solve",
     # recurrent cells

@@ -24,7 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention_for_cpu_backward",
     "_scaled_dot_product_efficient_attention_backward", "_efficient_attention_forward",
-    "_flash_attention_backward", "_c10d_functional::all_reduce"])
+    "_flash_attention_backward", "_transformer_encoder_layer_fwd",
+    "_c10d_functional::all_reduce"])
 def test_library_calls_are_extern(name: str) -> None:
     assert op_class(name) == "extern"
 
