@@ -48,6 +48,9 @@ ATTR_FUNCS: dict[str, Any] = {
     "neg": lambda x: -x,
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
     "dtype_of": lambda t: t.meta.dtype,
+    "size_of": lambda t, d: t.meta.shape[d],
+    # how many rows or columns make dim d of t a multiple of 8 values (16 bytes in half)
+    "align_pad": lambda t, d: -t.meta.shape[d] % 8,
     # the epsilon rms_norm adds when given none: its compute dtype's (f32 for halves)
     "eps_of": lambda t: 2.220446049250313e-16 if t.meta.dtype == "f64" else 1.1920928955078125e-07,
     # (-1, 1, 1, ...) that puts a per-channel vector on dim 0 of a tensor like t
