@@ -33,7 +33,14 @@ def clamp_like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, x, 0.0) * y
 
 
+def _device(target: str) -> str:
+    """Triton kernels run on the GPU where there is one, else on the CPU through
+    Triton's interpreter (tests/conftest.py); OpenMP kernels on the CPU."""
+    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _run(fn, target: str, dtype: torch.dtype, *inputs: torch.Tensor, grad: bool = False):
+    inputs = tuple(x.to(_device(target)) for x in inputs)
     report.reset()
     torch._dynamo.reset()
     compiled = rewritec.compile(fn, target=target, strict=True)
@@ -93,6 +100,7 @@ def test_a_number_the_half_dtype_rounds_is_compared_as_eager_does(dtype: torch.d
     """0.1 is not a bf16 or f16 number: ATen compares with it rounded, so that
     comparison stays with ATen; 0.5 is, and joins the kernel."""
     x = torch.tensor([0.1, 0.0999, 0.1001, 0.5, -1.0]).to(dtype).repeat(20)
+    x = x.to(_device("triton"))
 
     def near(x):
         return torch.where(x > 0.1, x, 0.0) + torch.where(x < 0.5, 1.0, x)
@@ -118,6 +126,7 @@ def test_rms_norm_is_one_kernel(eps: float | None, target: str, dtype: torch.dty
     m = torch.nn.RMSNorm(64, eps=eps).to(dtype)
     torch.nn.init.normal_(m.weight)
     x = torch.randn(4, 9, 64).to(dtype)
+    m, x = m.to(_device(target)), x.to(_device(target))
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype in HALF else {}
     with torch.no_grad():
         want = m(x)

@@ -19,8 +19,9 @@ from rewritec import report
 @pytest.mark.parametrize("vocab", [1001, 1003])
 def test_an_lm_head_with_an_odd_vocabulary(dtype: torch.dtype, target: str, vocab: int) -> None:
     torch.manual_seed(0)
-    x = torch.randn(300, 264).to(dtype)
-    w = (torch.randn(vocab, 264) * 0.05).to(dtype)
+    device = "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
+    x = torch.randn(300, 264).to(dtype).to(device)
+    w = (torch.randn(vocab, 264) * 0.05).to(dtype).to(device)
 
     def head(x, w):
         return F.log_softmax(F.linear(x, w).float(), dim=-1)
