@@ -41,7 +41,7 @@ from .kernels import (
     print_index,
     value_expr,
 )
-from .spec import KernelSpec, KInput, stride_params
+from .spec import KernelSpec, KInput, KOutput, stride_params
 from .templates import render_template
 
 # OpenMP: below this many elements, an output's reduction is not worth a
@@ -87,7 +87,8 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="reduction", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("template"),
-                      inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
+                      inputs=inputs, body=body, root=root, written=[root],
+                      outputs=[KOutput("out", root.meta.dtype, False, out_shape)],
                       rank=rank, replaced_ops=len(ops),
                       meta={"dims": dims, "kept": kept, "in_shape": in_shape,
                             "out_shape": out_shape, "keepdim": first.attr("keepdim"),

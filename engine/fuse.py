@@ -26,7 +26,7 @@ from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
 from .pattern import Matcher
 from .rules import Rule
-from .term import Graph, Term, TermStore, rebuild
+from .term import Graph, Term, TermStore, postorder, rebuild
 
 # Ops a row kernel reduces with, and whether they need the row's length (mean).
 ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
@@ -338,5 +338,12 @@ def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
 
 
 def body_terms(kernel: Term) -> list[Term]:
-    """A kernel's body in topological order (args and constants included)."""
-    return list(kernel.attr("body").walk())
+    """A kernel's body in topological order (args and constants included): what
+    its outputs need."""
+    return list(postorder(list(kernel_outputs(kernel)), set()))
+
+
+def kernel_outputs(kernel: Term) -> tuple[Term, ...]:
+    """The body terms a kernel writes: its root, then any side outputs (an
+    `outputs` attribute; a kernel without one writes its root alone)."""
+    return kernel.attr("outputs") or (kernel.attr("body"),)

@@ -91,7 +91,7 @@ def test_a_plan_that_fails_hands_back_to_the_full_path() -> None:
     def broken(*args):
         raise RuntimeError("launch failed")
 
-    axpy.plans = {key: launch._Plan(p.size, p.stride, p.dtype, broken, p.rest)
+    axpy.plans = {key: launch._Plan(p.outs, broken, p.rest)
                   for key, p in axpy.plans.items()}
     torch.testing.assert_close(axpy(x, y), x * 2.0 + y)
     assert axpy.plans is None and axpy.full == 2
@@ -118,3 +118,44 @@ def test_an_output_on_another_device_than_the_current_one_is_not_planned(
         x, y = torch.randn(4, 8), torch.randn(8)
         torch.testing.assert_close(axpy(x, y), x * 2.0 + y)
     assert axpy.full == 3 and axpy.plans == {}
+
+
+class AxpyAndSum(Launcher):
+    """A kernel of two outputs (engine/fuse.py: side outputs): x * 2 + y, and x + y
+    one value per row."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        super().__init__(spec=None, kernel=kernel,
+                         fallback=lambda x, y: (x * 2.0 + y, (x + y).sum(-1, keepdim=True)))
+        self.full = 0
+        self.plans = {}
+
+    def launch(self, x, y):
+        self.full += 1
+        out = torch.empty(x.shape, dtype=x.dtype)
+        out1 = torch.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+
+        def run(x, y, out, out1, n, scale) -> None:
+            self.kernel.runs += 1
+            out.copy_(x * scale + y)
+            out1.copy_((x + y).sum(-1, keepdim=True))
+
+        run(x, y, out, out1, out.numel(), 2.0)
+        if self.kernel.watch is not None:
+            self.kernel.watch.append((run, (x, y, out, out1, out.numel()), (2.0,)))
+        return out, out1
+
+
+def test_a_plan_allocates_every_output() -> None:
+    k = Kernel()
+    launcher = AxpyAndSum(k)
+    for _ in range(3):
+        x, y = torch.randn(4, 8), torch.randn(8)
+        got = launcher(x, y)
+        want = (x * 2.0 + y, (x + y).sum(-1, keepdim=True))
+        assert isinstance(got, tuple) and len(got) == 2
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert launcher.full == 1 and k.runs == 3
+    (plan,) = launcher.plans.values()
+    assert [size for size, _, _ in plan.outs] == [(4, 8), (4, 1)]
