@@ -33,7 +33,7 @@ from .pattern import Compiler, Pattern, PCat, POp
 from .yamlio import load_yaml
 
 KINDS = ("recognize", "decompose", "simplify", "fold", "fuse")
-FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls")
+FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls", "outputs")
 # A rule name appears in generated code, logs and file names: letters, digits,
 # '-' and '_', starting with a letter, so kebab-case and snake_case both work and
 # nothing can quote, call, or climb out of a folder.
