@@ -47,7 +47,8 @@ ATTR_FUNCS: dict[str, Any] = {
     "last_dims": lambda n: tuple(range(-n, 0)) if isinstance(n, int) else tuple(range(-len(n), 0)),
     "neg": lambda x: -x,
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
-    "dtype_of": lambda t: t.meta.dtype,
+    # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
+    "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
     # (-1, 1, 1, ...) that puts a per-channel vector on dim 0 of a tensor like t
     "channel_view": lambda t: (-1,) + (1,) * (t.meta.rank - 1),
     # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t
