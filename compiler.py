@@ -11,8 +11,10 @@ back to running the captured FX graph eagerly, with a warning naming why
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ import torch
 import torch.fx
 
 from . import report
-from .codegen.wrapper import lower
+from .codegen.wrapper import callable_label, lower
 from .engine.diag import log as _log
 from .engine.diag import user_stacklevel
 from .engine.errors import CompileError, RewritecError
@@ -81,6 +83,13 @@ def dump_graph(graph: Graph) -> str:
     return "\n".join(lines)
 
 
+def fx_ops(gm: torch.fx.GraphModule) -> Counter[str]:
+    """The calls of a graph run eagerly as captured, named as `fallback_ops` names them
+    (getitem, which only picks a result, is not a call)."""
+    return Counter(callable_label(n.target) for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target is not operator.getitem)
+
+
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, *,
                kind: str, params: list[bool] | None = None,
                param_values: list[Any] | None = None,
@@ -124,6 +133,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         warnings.warn(f"rewritec: graph {name} falls back to eager ATen: {reason}",
                       RewritecWarning, stacklevel=user_stacklevel())
         rec.status, rec.reason = "fallback", reason
+        rec.fallback_ops = fx_ops(gm)
         fn = _boxed(gm.forward)
     rec.compile_seconds = time.perf_counter() - start
     if opts.out_dir:

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .coverage import Coverage, measure, top_outside
+
 
 @dataclass
 class GraphRecord:
@@ -49,7 +51,14 @@ class GraphRecord:
         kernel_ops = sum(k.get("replaced_ops", 0) for k in self.kernels)
         total = aten_ops + kernel_ops
         d["kernel_op_share"] = round(kernel_ops / total, 4) if total else 0.0
+        d["coverage"] = self.coverage().to_json()
         return d
+
+    def coverage(self) -> Coverage:
+        """The share of the graph's counted ops run inside kernels (coverage.py); a
+        graph that fell back runs none there."""
+        kernels = self.kernels if self.status == "compiled" else []
+        return measure((k.get("ops", {}) for k in kernels), self.fallback_ops)
 
 
 RECORDS: list[GraphRecord] = []
@@ -140,14 +149,20 @@ def stats_table() -> str:
 
 
 def summary_table(records: list[GraphRecord]) -> str:
+    """One row per graph; `in kernels` is its coverage share (coverage.py), and the
+    ops its kernels leave outside are listed under the table, commonest first."""
     rows = [("graph", "status", "ops in", "ops out", "rules fired", "kernels", "ATen ops",
              "in kernels")]
+    outside = []
     for r in records:
-        j = r.to_json()
+        cov = r.coverage()
         status = f"{r.status} (cached)" if r.cached else r.status
+        share = "-" if cov.share is None else f"{100 * cov.share:.0f}%"
         rows.append((r.name, status, str(r.nodes_in), str(r.nodes_out),
                      str(sum(r.rules_fired.values())), str(len(r.kernels)),
-                     str(sum(r.fallback_ops.values())), f"{100 * j['kernel_op_share']:.0f}%"))
+                     str(sum(r.fallback_ops.values())), share))
+        if cov.outside:
+            outside.append(f"outside kernels: {r.name}: {top_outside(cov, 5)}")
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -157,6 +172,9 @@ def summary_table(records: list[GraphRecord]) -> str:
     if fired:
         lines.append("")
         lines.append("rules fired: " + ", ".join(f"{k} x{v}" for k, v in fired.most_common()))
+    if outside:
+        lines.append("")
+        lines += outside
     for r in records:
         if r.status == "fallback":
             lines.append(f"fallback: {r.name}: {r.reason}")

@@ -32,6 +32,11 @@ Columns (per model, mode and backend):
   synchronize): what the host spends issuing the step; the median over the steps.
 * GPU ms, kernels: device kernel time and kernel count per step, from torch.profiler
   (ProfilerActivity.CUDA) over 3 steps (memcpy and memset excluded). Blank on the CPU.
+* in kernels: rewritec only, the fusion coverage (`coverage.py`,
+  docs/report.md#coverage) of every graph the backend compiled, ops weighted: of
+  the ATen ops that are neither library calls (matrix products, convolutions,
+  attention) nor views, the share computed inside generated kernels. What stays
+  outside is listed under each table, commonest first, and in the JSON (`coverage`).
 * host µs/kernel: host ms / kernels.
 * peak MB: `torch.cuda.max_memory_allocated()` over the timed steps (after
   `reset_peak_memory_stats()`), minus what was allocated before this backend compiled:
@@ -129,6 +134,8 @@ class Row:
     traceback: str | None = None
     skipped: str | None = None
     graphs: dict[str, int] = field(default_factory=dict)
+    # rewritec: coverage.py's measure summed over the graphs compiled (report.json's form)
+    coverage: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +284,16 @@ def path_of(backend: str, records: list[Any], dynamo_before: dict[str, int]
     return text, graphs
 
 
+def coverage_of(backend: str, records: list[Any]) -> dict[str, Any] | None:
+    """A rewritec backend's coverage over all its graphs: the counts of each graph
+    (GraphRecord.coverage) added up, so a big graph weighs more than a small one."""
+    if not backend.startswith("rewritec") or not records:
+        return None
+    from rewritec.coverage import Coverage
+
+    return sum((r.coverage() for r in records), Coverage()).to_json()
+
+
 def dynamo_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
@@ -349,6 +366,7 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Se
         row.reserved_mb = reserved_mb(settings.device, reserved_base)
     row.gpu_ms, row.kernels = profile_kernels(step, settings.device)
     row.path, row.graphs = path_of(backend, rewritec_records(), dynamo_before)
+    row.coverage = coverage_of(backend, rewritec_records())
 
 
 def prepare(spec: ModelSpec, mode: str, settings: Settings, reference: bool = True
@@ -510,6 +528,30 @@ def fmt_err(x: float | None) -> str:
     return "—" if x is None else f"{x:.1e}"
 
 
+def fmt_share(coverage: dict[str, Any] | None) -> str:
+    if coverage is None or coverage["share"] is None:
+        return "—"
+    return f"{100 * coverage['share']:.1f}%"
+
+
+def outside_lines(mode_groups: Sequence[Sequence[Row]], top: int = 10) -> list[str]:
+    """Per model: the ops its rewritec graphs leave outside kernels, commonest first;
+    rewritec backends with the same list share a line."""
+    lines = []
+    for group in mode_groups:
+        same: dict[str, list[str]] = {}
+        for r in group:
+            if r.coverage is not None:
+                ops = list(r.coverage["outside_ops"].items())
+                text = ", ".join(f"{op} {n}" for op, n in ops[:top]) or "nothing"
+                more = f", +{len(ops) - top} more" if len(ops) > top else ""
+                key = f"{fmt_share(r.coverage)} in kernels; outside: {text}{more}"
+                same.setdefault(key, []).append(r.backend)
+        lines += [f"- `{group[0].model}` ({', '.join(b)}): {key}" for key, b in same.items()]
+    title = f"Outside kernels (rewritec; ops after rewriting, the {top} commonest):"
+    return ["", title, "", *lines] if lines else []
+
+
 def best(rows: Sequence[Row], prefix: str) -> float | None:
     times = [r.ms for r in rows if r.backend.split("-")[0] == prefix and r.ms]
     return min(times) if times else None
@@ -535,8 +577,8 @@ def groups(rows: Sequence[Row], mode: str) -> list[list[Row]]:
 
 
 HEADER = ["model", "batch", "backend", "ms", "×ind-best", "×eager", "host ms", "GPU ms",
-          "kernels", "host µs/kernel", "peak MB", "reserved MB", "1st call s", "cold / warm s",
-          "err", "eager err", "grad err", "eager grad err", "path"]
+          "kernels", "in kernels", "host µs/kernel", "peak MB", "reserved MB", "1st call s",
+          "cold / warm s", "err", "eager err", "grad err", "eager grad err", "path"]
 
 
 def table_row(r: Row, group: Sequence[Row]) -> list[str]:
@@ -545,8 +587,8 @@ def table_row(r: Row, group: Sequence[Row]) -> list[str]:
     cold_warm = "—" if r.cold_s is None else f"{fmt(r.cold_s)} / {fmt(r.warm_s)}"
     return [r.model, str(r.batch), r.backend, fmt(r.ms), fmt(ratio(r.ms, best(group, "inductor"))),
             fmt(ratio(r.ms, eager.ms if eager else None)), fmt(r.host_ms), fmt(r.gpu_ms),
-            fmt(r.kernels), fmt(per_kernel), fmt(r.peak_mb), fmt(r.reserved_mb),
-            fmt(r.first_call_s), cold_warm,
+            fmt(r.kernels), fmt_share(r.coverage), fmt(per_kernel), fmt(r.peak_mb),
+            fmt(r.reserved_mb), fmt(r.first_call_s), cold_warm,
             fmt_err(r.err), fmt_err(eager.err if eager else None), fmt_err(r.grad_err),
             fmt_err(eager.grad_err if eager else None),
             f"ERROR: {r.error}" if r.error else r.path]
@@ -604,6 +646,7 @@ def markdown(rows: Sequence[Row], env: dict[str, Any]) -> str:
                       for r in group]
         shapes = "; ".join(f"`{g[0].model}` {g[0].shape}" for g in mode_groups if g[0].shape)
         lines += ["", f"Shapes: {shapes}"]
+        lines += outside_lines(mode_groups)
     lines += ["", "## Summary", "", "| mode / backend | models | geomean time / Inductor best "
               "| slower than eager | peak memory > Inductor's | host time > Inductor's |",
               "|---|---:|---:|---:|---:|---:|"]

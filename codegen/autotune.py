@@ -59,6 +59,7 @@ from ..engine.diag import log
 from .disk_cache import read_verified, store, subdir
 from .spec import KernelSpec
 from .static_launch import _fingerprint
+from .triton_direct import POISON
 
 # A configuration: the constexprs and launch options it changes in the heuristic's
 # launch. {} is the heuristic's own.
@@ -281,6 +282,11 @@ class TunedKernel:
             STATS["read"] += 1
             self.chosen[call] = stored
             return stored
+        # timing launches every candidate: none of them is a plan to replay
+        # (codegen/launch.py: Launcher._learn), so the watcher is told
+        seen = self.inner.watch
+        if seen is not None:
+            seen.append(POISON)
         winner = self._tune(call, grid, args, kwargs, configs, device)
         self.chosen[call] = winner
         if path is not None and call in self.timings:

@@ -18,6 +18,7 @@ import hashlib
 import math
 import os
 import re
+import struct
 from typing import Any
 
 import sympy
@@ -265,6 +266,8 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
         # Values live in the compute dtype; a cast to a narrower float rounds.
         x = _operand(t.args[0], names, target, True)
         dtype = t.attr("dtype")
+        if t.args[0].meta.dtype == "b8":  # a mask as a number: 0.0 or 1.0
+            return f"{x}.to(tl.float32)" if target == "triton" else f"({x} ? 1.0 : 0.0)"
         if dtype in ("f16", "bf16") and target == "triton":
             return f"{x}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
         return x
@@ -304,15 +307,18 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     if info is None or t.meta.kind != "tensor":
         return False
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
-    if t.meta.dtype not in dtypes or t.meta.dtype == "b8":
+    if t.meta.dtype not in dtypes or (t.meta.dtype == "b8" and t.op not in BOOL_OPS):
         return False
     if t.op == "to":
-        # A float-to-float cast, nothing else (no device, layout or format change).
+        # A float-to-float or bool-to-float cast, nothing else (no device, layout or
+        # format change).
         src = t.args[0]
-        others = [k for k, v in t.attrs if k != "dtype" and v not in (None, False)]
+        others = [k for k, v in t.attrs if k != "dtype" and v not in (None, False)
+                  and not _same_place(k, v, src)]
         narrow = ("f32", "f16", "bf16")  # f64 <-> f32 would need its own rounding
-        return (src.meta.kind == "tensor" and src.meta.dtype in narrow
-                and t.attr("dtype") in narrow and t.attr("dtype") in dtypes
+        to = (*narrow, "f64") if src.meta.dtype == "b8" else narrow
+        return (src.meta.kind == "tensor" and src.meta.dtype in (*narrow, "b8")
+                and t.attr("dtype") in to and t.attr("dtype") in dtypes
                 and src.meta.dtype in dtypes and not others and on_device(t, target))
     if t.op == "attention":
         # templates/triton/attention.py.j2; on the CPU attention runs as its ATen ops
@@ -341,15 +347,73 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         exprs = (info.triton or "") + (info.cpp or "")
         if k in info.attrs and v is None and ("{" + k + "}") in exprs:
             return False
-    for a in t.args:
-        if a.op == "const":
-            if not isinstance(a.value, bool | int | float):
-                return False
-        elif a.meta.kind != "tensor" or a.meta.dtype not in (t.meta.dtype, "b8"):
+    return all(_operand_ok(t, a, dtypes) for a in t.args) and on_device(t, target)
+
+
+def _same_place(key: str, value: Any, src: Term) -> bool:
+    """A `to` attribute that changes nothing: the strided layout, or the source's
+    own device (autocast's casts spell both out)."""
+    shown = str(getattr(value, "value", value))
+    if key == "layout":
+        return shown == "torch.strided"
+    if key == "device":
+        return shown == src.meta.device or src.meta.device.startswith(shown + ":") \
+            or (shown == "cuda" and src.meta.device == "cuda")
+    return False
+
+
+# Ops whose result may be a bool inside a kernel (a mask that a `where` then reads)
+COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+LOGICAL = ("logical_not", "logical_and", "logical_or", "bitwise_and", "bitwise_or",
+           "bitwise_not")
+BOOL_OPS = (*COMPARISONS, *LOGICAL)
+
+
+def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
+    """Whether a kernel of a target with `dtypes` computes `t` from operand `a` as
+    ATen does."""
+    if a.op == "const":
+        if not isinstance(a.value, bool | int | float):
             return False
-        elif a.meta.dtype == "b8" and t.op not in ("where", "masked_fill"):
-            return False
-    return on_device(t, target)
+        # ATen compares a half tensor with a number rounded to the tensor's dtype
+        return t.op not in COMPARISONS or _exact(a.value, t.args[0].meta.dtype)
+    if a.meta.kind != "tensor" or a.meta.dtype not in dtypes:
+        return False
+    if a.meta.dtype == "b8":
+        return t.op in ("where", "masked_fill", "to", *LOGICAL)
+    if a.meta.dtype not in FLOATS:
+        return False
+    if t.meta.dtype == "b8":
+        # comparisons of one float dtype (mixed, ATen would round one side first)
+        others = [b.meta.dtype for b in t.args if b.op != "const"]
+        if t.op in LOGICAL:  # bitwise ops of floats do not exist; logical ones test != 0
+            return t.op.startswith("logical")
+        return all(d == a.meta.dtype for d in others)
+    return a.meta.dtype == t.meta.dtype or _widens(a.meta.dtype, t.meta.dtype)
+
+
+def _exact(value: Any, dtype: str) -> bool:
+    """`value` is the same number in `dtype` (f16 and bf16 round most decimals)."""
+    if dtype not in ("f16", "bf16") or isinstance(value, bool) or math.isnan(value):
+        return True
+    try:
+        if dtype == "f16":
+            return struct.unpack("<e", struct.pack("<e", value))[0] == value
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    except (OverflowError, struct.error):
+        return False
+    # bf16 is f32's upper half: exact when f32 is and the lower half is zero
+    return struct.unpack("<f", struct.pack("<f", value))[0] == value and bits & 0xFFFF == 0
+
+
+# Operand dtypes a float result may be computed from exactly, as ATen's type
+# promotion does (bf16 + f32 -> f32: a residual add under autocast). Not the
+# other way: an f16 result of an f32 0-dim operand rounds that operand first.
+WIDER = {"f16": ("f32", "f64"), "bf16": ("f32", "f64"), "f32": ("f64",)}
+
+
+def _widens(operand: str, result: str) -> bool:
+    return result in WIDER.get(operand, ())
 
 
 def on_device(t: Term, target: str) -> bool:
@@ -447,6 +511,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
                 f"+ cols * {inp.name}_stride{spec.rank - 1}")
             off, mask = base, "mask"
         cast = "" if inp.dtype == "b8" else f".to({compute})"
+        if inp.dtype in ("f16", "bf16") and spec.compute == "f64":
+            cast = f".to(tl.float32){cast}"  # exact; the interpreter has no half -> f64
         m = f", mask={mask}, other=0" if mask else ""
         loads.append(f"x{spec.inputs.index(inp)} = tl.load({inp.name}_ptr + {off}{m}){cast}")
     for t in spec.body:
@@ -483,8 +549,11 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
             off, out_mask = "row", None
         else:
             off, out_mask = "row * n_cols + cols", "mask"
+        value = names[t]
+        if spec.compute == "f64" and out.dtype in ("f16", "bf16"):
+            value = f"{value}.to(tl.float32)"  # as loads: the interpreter has no f64 -> half
         stores.append({"ptr": f"{out.name}_ptr", "offset": off, "mask": out_mask,
-                       "value": names[t], "dtype": TRITON_DTYPES[out.dtype]})
+                       "value": value, "dtype": TRITON_DTYPES[out.dtype]})
     params = [f"{i.name}_ptr" for i in spec.inputs] + [f"{o.name}_ptr" for o in spec.outputs]
     params += ["n_elements"] if spec.kind == "pointwise" else [row_width_param(spec)]
     params += size_params(spec)
@@ -499,8 +568,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     names = _names(spec)
     ctype = CPP_DTYPES[spec.compute]
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
-    # every output in the compute dtype: a C++ kernel's members share one (can_compile)
-    params += [f"{ctype}* __restrict__ {o.name}_ptr" for o in spec.outputs]
+    # each output in its own dtype (an f32 one of an f64 kernel: stores convert)
+    params += [f"{CPP_DTYPES[o.dtype]}* __restrict__ {o.name}_ptr" for o in spec.outputs]
     params += [f"int64_t size{k}" for k in range(spec.rank)]
     params += [f"int64_t {i.name}_stride{k}" for i in spec.inputs if not i.flat
                for k in range(spec.rank)]
@@ -592,7 +661,9 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         kept = shared[-1] if shared else None
     # An S-shaped side output is stored by the first loop that computes it; later
     # loops read it back instead of computing it again (the row is one thread's).
-    side = {t: f"{o.name}_ptr" for o, t in written[1:] if not o.per_row}
+    # (Not one narrower than the compute dtype: read back, it would differ.)
+    side = {t: f"{o.name}_ptr" for o, t in written[1:]
+            if not o.per_row and o.dtype == spec.compute}
     stored: dict[Term, str] = {}
 
     def elem_lines(targets: list[Term]) -> tuple[list[str], list[Term]]:

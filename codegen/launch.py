@@ -30,7 +30,7 @@ from .autotune import tuned
 from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
 from .spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
-from .triton_direct import DirectKernel
+from .triton_direct import POISON, DirectKernel
 from ..engine.diag import user_stacklevel
 
 
@@ -58,7 +58,7 @@ class Launcher:
         self.fallback = fallback
 
     # Launch plans by input signature (`_signature`): at most PLANS per launcher
-    plans: dict[Any, _Plan] | None = None
+    plans: dict[Any, Any] | None = None  # _Plan, _Steps or NO_PLAN
     PLANS = 16
     attempts = 0
 
@@ -71,10 +71,10 @@ class Launcher:
                 return self._launch_or_fallback(inputs)
             plan = plans.get(key)
             if plan is not None:
+                if plan is NO_PLAN:
+                    return self._launch_or_fallback(inputs)
                 try:
-                    outs = [_plan_alloc(size, stride, dtype) for size, stride, dtype in plan.outs]
-                    plan.run(*inputs, *outs, *plan.rest)
-                    return outs[0] if len(outs) == 1 else tuple(outs)
+                    return plan.launch(inputs)
                 except Exception:  # noqa: BLE001 - the full path below decides
                     self.plans = None
             elif len(plans) < self.PLANS and not self.failed:
@@ -84,32 +84,49 @@ class Launcher:
     def launch(self, *inputs: torch.Tensor) -> Result:
         raise NotImplementedError
 
+    # While a launch is learned, the scratch tensors it allocates (a split
+    # reduction's partial results): a plan allocates them afresh at each call
+    temps: list[torch.Tensor] | None = None
+
+    def watched(self) -> tuple[Any, ...]:
+        """The kernels a launch may run, in any order and number (a split reduction:
+        the kernel, then its combine)."""
+        return (self.kernel,)
+
     def _learn(self, key: Any, inputs: tuple[torch.Tensor, ...]) -> Result:
-        """Launch as usual, watching the kernel: a call that launched it once, through
-        a remembered runner, on the inputs themselves, fresh outputs and nothing but
-        numbers after them, becomes this signature's plan."""
-        kernel = self.kernel
-        seen: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = []
-        kernel.watch = seen
+        """Launch as usual, watching the kernels: a call whose every launch went
+        through a remembered runner, with arguments that are the inputs themselves,
+        the fresh outputs (every one of a kernel with side outputs), scratch tensors
+        the launch allocated and numbers, becomes this signature's plan. A launch that
+        passes any other tensor (an input made contiguous first) never will: NO_PLAN,
+        so the signature is not watched again."""
+        kernels = self.watched()
+        seen: list[Any] = []
+        temps: list[torch.Tensor] = []
+        before = [_launches(k) for k in kernels]
+        for k in kernels:
+            k.watch = seen
+        self.temps = temps
         try:
             result = self._launch_or_fallback(inputs)
         finally:
-            kernel.watch = None
+            for k in kernels:
+                k.watch = None
+            self.temps = None
         self.attempts += 1
         if self.attempts > 2 * self.PLANS and self.plans is not None and not self.plans:
             self.plans = None  # never learned (the JIT launches, or several kernels)
         outs = result if isinstance(result, tuple) else (result,)
-        if len(seen) == 1 and self.plans is not None:
-            run, args, tail = seen[0]
-            n, k = len(inputs), len(outs)
-            rest = args[n + k:]
-            same = len(args) >= n + k and all(
-                a is b for a, b in zip(args[:n + k], (*inputs, *outs), strict=True))
-            out = outs[0]
-            if (same and not any(isinstance(a, torch.Tensor) for a in rest)
-                    and out.device.type == PLAN_DEVICE and _index(out) == key[0]):
-                self.plans[key] = _Plan(tuple((tuple(o.shape), tuple(o.stride()), o.dtype)
-                                              for o in outs), run, (*rest, *tail))
+        if self.plans is None or not seen or POISON in seen or any(
+                o.device.type != PLAN_DEVICE or _index(o) != key[0] for o in outs):
+            return result
+        after = [_launches(k) for k in kernels]
+        if None in before or None in after:
+            counted = len(seen) == 1 and len(kernels) == 1  # a kernel without counters
+        else:
+            counted = sum(after) - sum(before) == len(seen)  # type: ignore[arg-type]
+        if counted:
+            self.plans[key] = _make_plan(seen, inputs, outs, temps)
         return result
 
     def _launch_or_fallback(self, inputs: tuple[torch.Tensor, ...]) -> Result:
@@ -129,13 +146,96 @@ class Launcher:
 
 @dataclass(frozen=True)
 class _Plan:
-    """One launch learned by `Launcher._learn`: each output's size, strides and dtype,
-    the kernel's runner and the numbers after the outputs (sizes, strides, then the
-    constexprs). Everything in it follows from the signature it is kept under."""
+    """One launch learned by `Launcher._learn`: each output's size, strides and dtype
+    (the root's first, then any side outputs), the kernel's runner and the numbers
+    after the outputs (sizes, strides, then the constexprs), for a runner that takes
+    the inputs, then the outputs, then numbers. Everything in it follows from the
+    signature it is kept under."""
 
     outs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     run: Callable[..., Any]
     rest: tuple[Any, ...]
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_plan_alloc(*o) for o in self.outs]
+        self.run(*inputs, *outs, *self.rest)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# An argument of a learned launch (`_Steps`): the n-th input, the n-th output, the
+# n-th scratch tensor, or a value passed as it is.
+_IN, _OUT, _TEMP, _VALUE = range(4)
+
+# A tensor's size, strides and dtype: what a plan allocates it from
+_Alloc = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Several launches learned by `Launcher._learn` (a split reduction and its
+    combine), or one whose arguments are not inputs-outputs-numbers: the outputs
+    and the scratch tensors are allocated afresh, then each runner called in order."""
+
+    outs: tuple[_Alloc, ...]
+    temps: tuple[_Alloc, ...]
+    steps: tuple[tuple[Callable[..., Any], tuple[tuple[int, Any], ...]], ...]
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_plan_alloc(*o) for o in self.outs]
+        temps = [_plan_alloc(*t) for t in self.temps]
+        for run, slots in self.steps:
+            run(*[inputs[v] if k == _IN else outs[v] if k == _OUT else temps[v]
+                  if k == _TEMP else v for k, v in slots])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# The plan of a signature whose launch cannot be replayed: launch it the full way
+NO_PLAN: Any = object()
+
+
+def _alloc_of(t: torch.Tensor) -> _Alloc:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...],
+               outs: tuple[torch.Tensor, ...], temps: list[torch.Tensor]) -> Any:
+    """The plan replaying the watched launches `seen`, or NO_PLAN. `outs`: what the
+    launch returned, the root's output first (more than one with side outputs)."""
+    n, k = len(inputs), len(outs)
+    if len(seen) == 1:
+        run, args, tail = seen[0]
+        rest = args[n + k:]
+        if len(args) >= n + k and all(
+                a is b for a, b in zip(args[:n + k], (*inputs, *outs), strict=True)) \
+                and not any(isinstance(a, torch.Tensor) for a in rest):
+            return _Plan(tuple(_alloc_of(o) for o in outs), run, (*rest, *tail))
+    ids = {id(x): (_IN, i) for i, x in reversed(list(enumerate(inputs)))}
+    ids.update({id(t): (_TEMP, j) for j, t in enumerate(temps)})
+    ids.update({id(o): (_OUT, j) for j, o in enumerate(outs)})
+    steps = []
+    for run, args, tail in seen:
+        slots = []
+        for a in (*args, *tail):
+            if isinstance(a, torch.Tensor):
+                slot = ids.get(id(a))
+                if slot is None:
+                    return NO_PLAN  # a tensor made during the launch (a contiguous copy)
+                slots.append(slot)
+            else:
+                slots.append((_VALUE, a))
+        steps.append((run, tuple(slots)))
+    if any(t.device != outs[0].device for t in temps):
+        return NO_PLAN  # a plan allocates on the current device only
+    return _Steps(tuple(_alloc_of(o) for o in outs), tuple(_alloc_of(t) for t in temps),
+                  tuple(steps))
+
+
+def _launches(kernel: Any) -> int | None:
+    """How many launches `kernel` made so far (a DirectKernel's counters), or None."""
+    direct, jitted = getattr(kernel, "direct", None), getattr(kernel, "jitted", None)
+    if not isinstance(direct, int) or not isinstance(jitted, int):
+        return None
+    return direct + jitted
 
 
 def _signature(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ warning naming the rule and template (`strict` raises).
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +147,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
                                  "rules": [spec.rule], "template": f"{target}/{spec.template}",
                                  "replaced_ops": spec.replaced_ops,
                                  "outputs": len(spec.outputs),
+                                 "ops": body_ops(spec),
                                  "order": spec.meta.get("order")})
     if spent:
         say(f"rewritec: graph {name}: the compile budget ({budget_s:g} s, "
@@ -160,6 +162,13 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
         # where workers run, they compile the kernels while the graph is finished
         ahead.submit_graph(prepared.graph, prepared.launchers)
     return prepared
+
+
+def body_ops(spec: KernelSpec) -> dict[str, int]:
+    """op-table name -> how many of it the kernel computes: what `coverage`
+    (coverage.py) counts inside kernels."""
+    ops = Counter(t.op for t in spec.body if t.op not in ("arg", "const"))
+    return dict(sorted(ops.items()))
 
 
 def _static(spec: KernelSpec) -> int:

@@ -246,7 +246,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     ctype = CPP_DTYPES[spec.compute]
     pro, red, epi = _split(spec)
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
-    params += [f"{ctype}* __restrict__ out_ptr"]
+    params += [f"{CPP_DTYPES[spec.out_dtype]}* __restrict__ out_ptr"]
     params += [f"int64_t size{k}" for k in range(spec.rank)]
     params += [f"int64_t {p}" for p in stride_params(spec)]
     params += ["int64_t n_out", "int64_t n_red"]

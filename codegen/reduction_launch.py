@@ -61,6 +61,9 @@ class ReductionTritonLauncher(Launcher):
         self.out_dtype = TORCH_DTYPES[spec.out_dtype]
         self.compute = TORCH_DTYPES[spec.compute]
 
+    def watched(self) -> tuple[Any, ...]:
+        return (self.kernel, self.combine)
+
     def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
         space, out, tensors, strides, n_out, n_red, inner = _prepare_reduction(
             self.spec, inputs, self.out_dtype)
@@ -77,6 +80,8 @@ class ReductionTritonLauncher(Launcher):
             return out
         size = (self.spec.meta["accumulators"], split, n_out)
         part = empty_strided(size, dense_strides(size), self.compute, out.device)
+        if self.temps is not None:  # a plan being learned allocates it at each call
+            self.temps.append(part)
         self.kernel[(programs_o, split)](*args, per_program, part, SPLIT=True,
                                          BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
         block_s = min(_pow2(split), 256)

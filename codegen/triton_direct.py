@@ -66,6 +66,11 @@ def _current_device() -> int:
     return torch._C._cuda_getDevice()
 
 
+# Appended to a `watch` list by a launch that must not be learned as a plan
+# (autotuning's timing launches every candidate): codegen/launch.py: Launcher._learn
+POISON: Any = object()
+
+
 class DirectKernel:
     """Used like the JIT function it wraps: `kernel[grid](*args, **constexprs)`.
 

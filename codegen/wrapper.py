@@ -105,8 +105,9 @@ def op_label(bridge: Bridge, term: Term) -> str:
     """The name of the op a term runs, for `fallback_ops` (docs/report.md): the
     overload packet of the ATen op actually called (`addmm` for aten.addmm.default,
     `mul` for aten.mul.Scalar), `ns::name` for an op of another namespace, and a
-    Python callable's qualified name otherwise. One scheme, whether the term is an
-    op-table op, a captured ATen call or an exported one."""
+    Python callable's module-qualified name otherwise (`operator.mul` on SymInts).
+    One scheme, whether the term is an op-table op, a captured ATen call or an
+    exported one."""
     try:
         fn = bridge.call_parts(term)[0]
     except Exception:  # noqa: BLE001 - a label never stops a compilation
@@ -121,8 +122,9 @@ def callable_label(fn: Any) -> str:
         ns, _, packet = qualified.partition("::")
         return packet if ns == "aten" else qualified
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    module = getattr(fn, "__module__", None)
-    return f"{module}.{name}" if module and module not in ("builtins", "_operator") else name
+    module = getattr(fn, "__module__", None) or "builtins"
+    # operator.mul on SymInts keeps its module: bare, it would read as ATen's mul
+    return f"{'operator' if module == '_operator' else module}.{name}"
 
 
 def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,

@@ -8,8 +8,10 @@ pattern starts a group, which grows into its producers while:
 - the code generator can compile it (`can_compile`, from the target);
 - if something outside the group uses the producer too (or the graph returns
   it), the space takes side outputs (`side_outputs`: pointwise and row spaces
-  do; reduction, matmul and attention spaces do not, their docstrings say why)
-  and joining makes no cycle (`Order`). The kernel then computes the producer
+  do; reduction, matmul and attention spaces do not, their docstrings say why),
+  can store this one (`can_output`: a float, and in a pointwise space of the
+  root's shape, not one that broadcasts to it) and joining makes no cycle
+  (`Order`). The kernel then computes the producer
   once and also writes it out, for those users.
 A group with side outputs also takes in users of its members (not of its root)
 that it can compute from its members alone, under the same conditions, reductions
@@ -91,26 +93,48 @@ def reduced_dims(t: Term) -> tuple[int, ...] | None:
 FLOATS = ("f32", "f16", "bf16", "f64")
 
 
+def _value(t: Term, root: Term) -> bool:
+    """A tensor a kernel computes in: a float, or a bool mask that stays inside
+    (a comparison a `where` reads); the result a kernel writes is a float."""
+    return t.meta.kind == "tensor" and (
+        t.meta.dtype in FLOATS or (t.meta.dtype == "b8" and t is not root))
+
+
+def broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
+    """`shape` broadcasts to `to` (numpy's rule: align the last dims; 1 stretches)."""
+    return len(shape) <= len(to) and all(
+        a == b or a == 1 for a, b in zip(reversed(shape), reversed(to), strict=False))
+
+
 class PointwiseSpace:
-    """Every member has the root's shape: one loop over the output's elements. Any
-    member may be a side output: it is stored where the root is, element by element."""
+    """One loop over the output's elements: every member has the root's shape, or
+    one that broadcasts to it (a per-channel value, recomputed per element: its
+    operands are read through the broadcast, as the kernel's inputs are). A
+    float member of the root's shape may be a side output: it is stored where the
+    root is, element by element (a broadcast one has no such place, a bool mask
+    no float to store: those stay outside when something else reads them)."""
 
     side_outputs = True
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
+        self.root = root
 
     def fits(self, t: Term) -> bool:
-        return t.meta.kind == "tensor" and tuple(t.meta.shape) == self.shape \
-            and t.meta.dtype in FLOATS and t.op not in ROW_REDUCTIONS
+        return _value(t, self.root) and broadcasts(tuple(t.meta.shape), self.shape) \
+            and t.op not in ROW_REDUCTIONS
+
+    def can_output(self, t: Term) -> bool:
+        return t.meta.dtype in FLOATS and tuple(t.meta.shape) == self.shape
 
 
 class RowSpace:
     """Rows along one dim `dim` of a shape S: members are S-shaped values or one
     value per row (S with size 1 at `dim`), and reductions run along `dim`.
     Softmax and layer_norm reduce the last dim; a bias gradient reduces dim 0.
-    Any member may be a side output: an S-shaped one is stored with the row's
-    elements, a per-row one (layer_norm's mean and rstd) once per row."""
+    Any float member may be a side output: an S-shaped one is stored with the row's
+    elements, a per-row one (layer_norm's mean and rstd) once per row; a bool mask
+    is not (the kernel stores floats)."""
 
     side_outputs = True
 
@@ -118,6 +142,7 @@ class RowSpace:
         self.dim = reduced_dim(root)
         src = root.args[0] if self.dim is not None else root
         self.shape = tuple(src.meta.shape)
+        self.root = root
 
     def per_row(self) -> tuple[Any, ...] | None:
         if self.dim is None:
@@ -125,7 +150,7 @@ class RowSpace:
         return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
 
     def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS or not self.shape:
+        if not _value(t, self.root) or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
             d = reduced_dim(t)
@@ -142,6 +167,9 @@ class RowSpace:
             if len(ones) == 1 and shape[ones[0]] == 1:
                 self.dim = ones[0]
         return shape in (self.shape, self.per_row())
+
+    def can_output(self, t: Term) -> bool:
+        return t.meta.dtype in FLOATS
 
 
 # Matrix products a matmul kernel computes (2-d, with addmm's bias in its epilogue).
@@ -448,9 +476,10 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
             # column sum read as rows), where its own kernel would choose better
             return t.op not in ROW_REDUCTIONS \
                 and all(a in members or a.op == "const" for a in t.args) \
+                and space.can_output(t) \
                 and places.may_join(t, members, max(top, places.rank(t)), False)
         shared = _used_outside(t, members, places, outputs)
-        if shared and not writes:
+        if shared and not (writes and space.can_output(t)):
             return False
         return not (shared or exits) or places.may_join(t, members, top, exits)
 

@@ -49,6 +49,11 @@ ATTR_FUNCS: dict[str, Any] = {
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
     # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
     "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
+    "size_of": lambda t, d: t.meta.shape[d],
+    # how many rows or columns make dim d of t a multiple of 8 values (16 bytes in half)
+    "align_pad": lambda t, d: -t.meta.shape[d] % 8,
+    # the epsilon rms_norm adds when given none: its compute dtype's (f32 for halves)
+    "eps_of": lambda t: 2.220446049250313e-16 if t.meta.dtype == "f64" else 1.1920928955078125e-07,
     # (-1, 1, 1, ...) that puts a per-channel vector on dim 0 of a tensor like t
     "channel_view": lambda t: (-1,) + (1,) * (t.meta.rank - 1),
     # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t

@@ -241,6 +241,13 @@ def _binary(name: str, a: torch.Tensor, b: torch.Tensor, p: tuple[Any, ...]) -> 
         return torch.maximum(a, b)
     if name == "where":
         return torch.where(_CMP[p[0]](a, b), a, b)
+    # bool masks that kernels compute inside (comparisons, logical and bitwise ops)
+    if name == "where_and":
+        return torch.where((a > b) & (b <= 0.5), a, -b)
+    if name == "where_or":
+        return torch.where(torch.logical_or(a < 0, ~(b > 1.0)), a, b)
+    if name == "mask_mul":
+        return a * (b > 0).to(a.dtype if a.is_floating_point() else torch.float32)
     if name == "mm":
         return torch.mm(a, b)
     if name == "bmm":
@@ -253,7 +260,7 @@ def _binary(name: str, a: torch.Tensor, b: torch.Tensor, p: tuple[Any, ...]) -> 
 UNARY = ("neg", "abs", "exp", "log_abs1", "sqrt_abs", "sin", "cos", "tanh", "sigmoid", "relu",
          "gelu", "silu", "clamp", "pow", "cast", "contiguous")
 SCALAR = ("add_s", "sub_s", "rsub_s", "mul_s", "div_s")
-BINARY = ("add", "sub", "mul", "div", "maximum", "where")
+BINARY = ("add", "sub", "mul", "div", "maximum", "where", "where_and", "where_or", "mask_mul")
 REDUCE = ("sum", "mean", "amax", "amin")
 LASTDIM = ("softmax", "log_softmax", "layer_norm")
 VIEWS = ("transpose", "permute", "reshape", "view", "expand", "unsqueeze", "slice", "select")

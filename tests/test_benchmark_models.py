@@ -57,7 +57,15 @@ def test_tiny_model_rows_match_the_fp32_reference(name: str, library: str | None
         rw = rows[(mode, "rewritec")]
         assert rw["graphs"]["compiled"] >= 1 and rw["graphs"]["fallback"] == 0, rw["path"]
         assert rw["path"].startswith(f"{rw['graphs']['compiled']} compiled")
+        assert rows[(mode, "eager")]["coverage"] is None
+        cov = rw["coverage"]
+        if cov["share"] is None:  # nn.Transformer's inference fast path: one library call
+            assert (name, mode) == ("torch_encoder", "infer") and cov["excluded"]["extern"], cov
+        else:
+            assert cov["in_kernels"] > 0 and 0 < cov["share"] <= 1, cov
+        assert cov["outside"] == sum(cov["outside_ops"].values()), cov
     text = out.read_text()
+    assert "Outside kernels (rewritec" in text and f"- `{name}` (rewritec): " in text
     assert "| " + " | ".join(HEADER) + " |" in text
     for section in ("## infer", "## train", "## Summary", "## Columns", "- command: `"):
         assert section in text
@@ -110,6 +118,38 @@ def test_summary_compares_with_inductors_best_and_counts_regressions() -> None:
     assert s["models"] == 2
     assert math.isclose(s["geomean_vs_inductor_best"], math.sqrt((3 / 2) * (4 / 1)))
     assert (s["slower_than_eager"], s["more_memory"], s["more_host"]) == (1, 1, 1)
+
+
+def test_coverage_adds_up_the_graphs_and_lists_what_stays_outside() -> None:
+    from rewritec.report import GraphRecord
+
+    def graph(inside: dict[str, int], outside: dict[str, int], status: str = "compiled"
+              ) -> GraphRecord:
+        rec = GraphRecord(name="g", kind="forward", status=status, kernels=[{"ops": inside}])
+        rec.fallback_ops.update(outside)
+        return rec
+
+    records = [graph({"add": 6, "mm": 1, "view": 2}, {"cumsum": 1, "addmm": 2}),
+               graph({"mul": 2}, {"_to_copy": 3, "cumsum": 1, "t": 4}),
+               graph({"relu": 5}, {"relu": 5}, status="fallback")]
+    assert models.coverage_of("eager", records) is None
+    cov = models.coverage_of("rewritec-ro", records)
+    assert cov is not None
+    # ops weighted: (6 + 2) inside of (6 + 2) + (1 + 3 + 1 + 5) counted ops
+    assert (cov["in_kernels"], cov["outside"], cov["share"]) == (8, 10, round(8 / 18, 4))
+    assert cov["outside_ops"] == {"relu": 5, "_to_copy": 3, "cumsum": 2}
+    assert cov["excluded"] == {"extern": 3, "no_kernel": 6}
+    ops = {f"op{i}": 20 - i for i in range(12)}
+    rows = [Row("m", "llm", "train", "eager", ms=1.0),
+            Row("m", "llm", "train", "rewritec", ms=1.0, coverage=cov),
+            Row("m", "llm", "train", "rewritec-ro", ms=1.0, coverage=cov),
+            Row("n", "llm", "train", "rewritec", ms=1.0,
+                coverage={"share": 0.5, "outside_ops": ops})]
+    text = markdown(rows, env())
+    assert "| 44.4% |" in text and "| 50.0% |" in text
+    assert ("- `m` (rewritec, rewritec-ro): 44.4% in kernels; outside: relu 5, _to_copy 3, "
+            "cumsum 2\n") in text
+    assert "op9 11, +2 more" in text and "op10" not in text
 
 
 def test_run_delegates_the_models_suite() -> None:

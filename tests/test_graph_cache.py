@@ -70,6 +70,7 @@ def test_second_compile_is_loaded_and_matches_eager(fn, dtype, target, aot_calls
     assert (cold.cached, warm.cached) == (False, True)
     assert warm.rules_fired == cold.rules_fired and warm.kernels == cold.kernels
     assert warm.kernels, "nothing was fused: the test would not load a kernel"
+    assert warm.coverage() == cold.coverage() and cold.coverage().in_kernels > 0
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -1,0 +1,132 @@
+"""Kernels over mixed dtypes and bool masks (codegen/kernels.py: can_compile):
+a half value plus an f32 one (a residual add under autocast) and comparisons
+that a `where` reads join the kernel around them, and results equal eager's.
+
+Half-precision kernels compute in f32 and round once, where eager rounds after
+every op: their results are compared with eager run in f32, then rounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rewritec
+from rewritec import report
+
+HALF = [torch.bfloat16, torch.float16]
+# (target, dtype): the OpenMP target computes f32 and f64 only
+CASES = [("triton", torch.float32), ("triton", torch.bfloat16), ("triton", torch.float16),
+         ("openmp", torch.float32), ("openmp", torch.float64)]
+
+
+def residual(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x + r) * 2.0 + r  # x half, r f32: f32 result
+
+
+def masked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    m = (x > 0.5) & (y <= 0.25)
+    return torch.where(m, x * y, -x) + (x < 0).to(x.dtype) * 2.0 + torch.where(~m, y, 1.0)
+
+
+def clamp_like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    keep = torch.logical_and(x >= -0.5, torch.logical_not(x > 0.5))
+    return torch.where(keep, x, 0.0) * y
+
+
+def _run(fn, target: str, dtype: torch.dtype, *inputs: torch.Tensor, grad: bool = False):
+    report.reset()
+    torch._dynamo.reset()
+    compiled = rewritec.compile(fn, target=target, strict=True)
+    leaves = [x.detach().clone().requires_grad_(grad and x.is_floating_point())
+              for x in inputs]
+    got = compiled(*leaves)
+    # the reference: eager in f32 (f64 stays f64), rounded as the kernel rounds
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    ref_in = [x.detach().to(wide).requires_grad_(grad) for x in inputs]
+    want = fn(*ref_in)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype in HALF else {}
+    torch.testing.assert_close(got, want.to(got.dtype), **tol)
+    if grad:
+        cot = torch.randn_like(want)
+        got.backward(cot.to(got.dtype))
+        want.backward(cot)
+        for a, b in zip(leaves, ref_in, strict=True):
+            torch.testing.assert_close(a.grad, b.grad.to(a.grad.dtype), **tol)
+    return report.RECORDS
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", [(8, 33), (3, 5, 64), (1000,)])
+def test_a_half_plus_an_f32_is_one_kernel(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    x, r = torch.randn(shape).to(dtype), torch.randn(shape)
+    with torch.no_grad():
+        (rec,) = _run(residual, "triton", dtype, x, r)
+    assert len(rec.kernels) == 1 and not rec.fallback_ops, rec.fallback_ops
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_half_plus_an_f32_backward(dtype: torch.dtype) -> None:
+    _run(residual, "triton", dtype, torch.randn(6, 40).to(dtype), torch.randn(6, 40),
+         grad=True)
+
+
+@pytest.mark.parametrize("target,dtype", CASES)
+@pytest.mark.parametrize("fn", [masked, clamp_like], ids=lambda f: f.__name__)
+def test_bool_masks_stay_inside_the_kernel(target: str, dtype: torch.dtype, fn) -> None:
+    x, y = torch.randn(7, 33).to(dtype), torch.randn(33).to(dtype)
+    with torch.no_grad():
+        (rec,) = _run(fn, target, dtype, x, y)
+    assert len(rec.kernels) == 1, rec.kernels
+    outside = set(rec.fallback_ops) & {"gt", "lt", "le", "ge", "bitwise_and", "bitwise_not",
+                                       "logical_and", "logical_not", "where", "_to_copy"}
+    assert not outside, rec.fallback_ops
+
+
+@pytest.mark.parametrize("target,dtype", CASES)
+def test_bool_masks_forward_and_backward(target: str, dtype: torch.dtype) -> None:
+    base = torch.randn(5, 2, 33).to(dtype)
+    _run(masked, target, dtype, base.transpose(0, 1), torch.randn(33).to(dtype), grad=True)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_number_the_half_dtype_rounds_is_compared_as_eager_does(dtype: torch.dtype) -> None:
+    """0.1 is not a bf16 or f16 number: ATen compares with it rounded, so that
+    comparison stays with ATen; 0.5 is, and joins the kernel."""
+    x = torch.tensor([0.1, 0.0999, 0.1001, 0.5, -1.0]).to(dtype).repeat(20)
+
+    def near(x):
+        return torch.where(x > 0.1, x, 0.0) + torch.where(x < 0.5, 1.0, x)
+
+    report.reset()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = rewritec.compile(near, target="triton", strict=True)(x)
+    torch.testing.assert_close(got, near(x), rtol=0, atol=0)
+    (rec,) = report.RECORDS
+    assert rec.fallback_ops.get("gt") == 1 and "lt" not in rec.fallback_ops
+
+
+@pytest.mark.parametrize("eps", [None, 1e-6])
+@pytest.mark.parametrize("target,dtype", [("triton", torch.bfloat16), ("triton", torch.float32),
+                                          ("openmp", torch.float32)])
+def test_rms_norm_is_one_kernel(eps: float | None, target: str, dtype: torch.dtype) -> None:
+    """nn.RMSNorm (eps=None: the dtype's epsilon, an `add.Scalar` in the graph), its
+    casts to f32 and back included, on the torch.compile and torch.export paths."""
+    from rewritec.frontend.export import ExportedProgram
+    from rewritec.options import Options
+
+    m = torch.nn.RMSNorm(64, eps=eps).to(dtype)
+    torch.nn.init.normal_(m.weight)
+    x = torch.randn(4, 9, 64).to(dtype)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype in HALF else {}
+    with torch.no_grad():
+        want = m(x)
+        report.reset()
+        torch._dynamo.reset()
+        torch.testing.assert_close(rewritec.compile(m, target=target, strict=True)(x), want,
+                                   **tol)
+        report.RECORDS.clear()
+        ep = ExportedProgram(m, (x,), Options.make(target=target, strict=True))
+        torch.testing.assert_close(ep(x), want, **tol)
+    (traced,) = report.RECORDS
+    assert len(traced.kernels) == 1 and not traced.fallback_ops, traced.fallback_ops
