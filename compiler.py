@@ -213,7 +213,9 @@ def _is_view(t: Any) -> bool:
     from .engine.ops import default_op_table
 
     if t.op == "getitem":
-        return True  # an output of a multi-output op, such as split
+        # an output of a multi-output op, such as split; a kernel's outputs (engine/
+        # fuse.py: side outputs) are tensors of their own
+        return t.args[0].op != "kernel"
     if t.op == "aten":
         returns = t.attr("target")._schema.returns
         return bool(returns) and returns[0].alias_info is not None

@@ -373,6 +373,8 @@ def _predict(graph: Any, launchers: dict[Any, Any], is_kernel: Callable[[Any], b
         swapped = {k: v for k, v in vars(launcher).items() if is_kernel(v)}
         try:
             inputs = [made[a] if a in made else
+                      made[a.args[0]][a.attr("index")]
+                      if a.op == "getitem" and a.args[0] in made else  # a side output
                       a.value if a.op == "const" else _meta_tensor(a) for a in t.args]
             for k, v in swapped.items():
                 setattr(launcher, k, Recorder(v, calls))

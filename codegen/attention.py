@@ -21,7 +21,7 @@ from typing import Any
 
 from ..engine.term import Term
 from .kernels import TRITON_DTYPES, RenderError, _header
-from .spec import KernelSpec, KInput
+from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
 
 
@@ -50,7 +50,8 @@ def attention_spec(term: Term, index: int) -> KernelSpec:
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="attention", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("template"),
-                      inputs=inputs, body=[t for t in root.walk()], root=root, out_dtype=dtype,
+                      inputs=inputs, body=[t for t in root.walk()], root=root, written=[root],
+                      outputs=[KOutput("out", dtype, False, tuple(root.meta.shape))],
                       rank=4, replaced_ops=_replaced_ops(has_mask),
                       meta={"q": q.attr("index"), "kt": kt.attr("index"), "v": v.attr("index"),
                             "mask": mask.attr("index") if has_mask else None,

@@ -22,7 +22,7 @@ Attention kernels and the reduction's combine kernel are not tuned.
 
 The heuristic's own launch is always the first candidate and wins ties, so
 autotuning never keeps a configuration that measured slower than it. Each
-candidate runs on the real inputs and writes the launch's own output, which the
+candidate runs on the real inputs and writes the launch's own outputs, which the
 winner's launch then writes again; one that fails to compile or launch is
 skipped. On CUDA a candidate is timed with CUDA events after a warm-up launch,
 L2 flushed before each run, the median of up to MAX_REPS runs (as
@@ -112,8 +112,8 @@ def _pointwise_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]
 
 def _pointwise_grid(spec: KernelSpec, config: Config, args: tuple[Any, ...],
                     grid: tuple[int, ...]) -> tuple[int, ...]:
-    # codegen/launch.py: TritonLauncher, args (*inputs, out, n, *space, *strides)
-    n = args[len(spec.inputs) + 1]
+    # codegen/launch.py: TritonLauncher, args (*inputs, *outputs, n, *space, *strides)
+    n = args[len(spec.inputs) + len(spec.outputs)]
     return (cdiv(n, config["BLOCK_SIZE"]),)
 
 
@@ -125,8 +125,8 @@ def _tiled_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
 
 def _tiled_grid(spec: KernelSpec, config: Config, args: tuple[Any, ...],
                 grid: tuple[int, ...]) -> tuple[int, ...]:
-    # args (*inputs, out, numel, *space, *strides); tiles over space dims `tile` and last
-    first = len(spec.inputs) + 2
+    # args (*inputs, *outputs, numel, *space, *strides); tiles over space dims `tile` and last
+    first = len(spec.inputs) + len(spec.outputs) + 1
     numel, space = args[first - 1], args[first:first + spec.rank]
     tile = int(spec.meta["tile"])
     tiles = cdiv(space[tile], config["BLOCK_Y"]) * cdiv(space[-1], config["BLOCK_X"])

@@ -23,12 +23,20 @@ from typing import Any
 
 import sympy
 
-from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms, reduced_dim
+from ..engine.fuse import (
+    FLOATS,
+    MATMULS,
+    RESHAPES,
+    ROW_REDUCTIONS,
+    body_terms,
+    kernel_outputs,
+    reduced_dim,
+)
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .build import vector_math_decls
-from .spec import KernelSpec, KInput, size_params, static_width
+from .spec import KernelSpec, KInput, KOutput, size_params, static_width
 from .templates import has_template, render_template
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
@@ -89,14 +97,20 @@ def spec_of(term: Term, index: int) -> KernelSpec:
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank, shared))
     tile = _tile_dim(term, order, rank) if kind == "pointwise" else None
     ops = [t for t in body if t.op not in ("arg", "const")]
-    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dim, tile,
-                                  [(x.dtype, x.flat, x.per_row) for x in inputs])).encode())
+    written = list(kernel_outputs(term))
+    outputs = [KOutput("out" if k == 0 else f"out{k}", t.meta.dtype,
+                       kind == "row" and tuple(t.meta.shape) != shape, tuple(t.meta.shape))
+               for k, t in enumerate(written)]
+    key: tuple[Any, ...] = (term.attr("rule"), [_key(t) for t in body], rank, dim, tile,
+                            [(x.dtype, x.flat, x.per_row) for x in inputs])
+    if len(written) > 1:  # one output keeps the names (and caches) it always had
+        key += (tuple(body.index(t) for t in written),)
+    digest = hashlib.sha256(repr(key).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("template"),
-                      inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
+                      inputs=inputs, body=body, root=root, outputs=outputs, written=written,
                       rank=rank, replaced_ops=len(ops),
-                      per_row_out=kind == "row" and tuple(root.meta.shape) != shape,
                       meta={"dim": dim, "shape": shape, "order": order, "tile": tile})
 
 
@@ -106,7 +120,7 @@ def _tile_dim(term: Term, order: tuple[int, ...] | None, rank: int) -> int | Non
     space: the Triton kernel then runs in 2-d tiles over it and the space's innermost
     dim, so both sides are accessed contiguously. None: one flat loop serves."""
     space = list(order) if order is not None and len(order) == rank else list(range(rank))
-    shape = term.meta.shape
+    shape = term.attr("body").meta.shape  # the root's: a kernel of side outputs is a tuple
     if rank < 2 or not isinstance(shape[space[-1]], int) or shape[space[-1]] < 8:
         return None
     for a in term.args:
@@ -527,25 +541,26 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
             stmts.append(f"{names[t]} = {e}")
         else:
             stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")
-    result = names[spec.root]
-    if spec.compute == "f64" and spec.out_dtype in ("f16", "bf16"):
-        result = f"{result}.to(tl.float32)"  # as loads: the interpreter has no f64 -> half
-    if tiled:
-        out_off, out_mask = tile_out, "mask"
-    elif spec.kind == "pointwise":
-        out_off, out_mask = "offs", "mask"
-    elif spec.per_row_out:
-        out_off, out_mask = "row", None
-    else:
-        out_off, out_mask = "row * n_cols + cols", "mask"
-    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
+    stores = []
+    for out, t in zip(spec.outputs, spec.written, strict=True):
+        if spec.kind == "pointwise":  # tiled: the template's out_offset
+            off, out_mask = "offs", "mask"
+        elif out.per_row:
+            off, out_mask = "row", None
+        else:
+            off, out_mask = "row * n_cols + cols", "mask"
+        value = names[t]
+        if spec.compute == "f64" and out.dtype in ("f16", "bf16"):
+            value = f"{value}.to(tl.float32)"  # as loads: the interpreter has no f64 -> half
+        stores.append({"ptr": f"{out.name}_ptr", "offset": off, "mask": out_mask,
+                       "value": value, "dtype": TRITON_DTYPES[out.dtype]})
+    params = [f"{i.name}_ptr" for i in spec.inputs] + [f"{o.name}_ptr" for o in spec.outputs]
     params += ["n_elements"] if spec.kind == "pointwise" else [row_width_param(spec)]
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template(f"triton/{spec.template}.py.j2", header=_header(spec, "triton", "#"),
                            name=spec.name, params=params, loads=loads, stmts=stmts,
-                           result=result, out_dtype=TRITON_DTYPES[spec.out_dtype],
-                           out_offset=out_off, out_mask=out_mask,
+                           stores=stores, out_offset=tile_out if tiled else None,
                            tile_y=spec.meta.get("tile"), tile_x=spec.rank - 1)
 
 
@@ -553,7 +568,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     names = _names(spec)
     ctype = CPP_DTYPES[spec.compute]
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
-    params += [f"{ctype}* __restrict__ out_ptr"]
+    # each output in its own dtype (an f32 one of an f64 kernel: stores convert)
+    params += [f"{CPP_DTYPES[o.dtype]}* __restrict__ {o.name}_ptr" for o in spec.outputs]
     params += [f"int64_t size{k}" for k in range(spec.rank)]
     params += [f"int64_t {i.name}_stride{k}" for i in spec.inputs if not i.flat
                for k in range(spec.rank)]
@@ -603,9 +619,11 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
             contiguous = row_loads("c")
             lines = row_loads(f"c * {{name}}_stride{last}")
         compute = [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
+        stores = [{"ptr": f"{o.name}_ptr", "value": names[t]}
+                  for o, t in zip(spec.outputs, spec.written, strict=True)]
         return render_template(f"openmp/{spec.template}.cpp.j2",
                                header=_header(spec, "openmp", "//"), name=spec.name,
-                               params=params, body=lines + compute, result=names[spec.root],
+                               params=params, body=lines + compute, stores=stores,
                                rows=bool(row_lines), row_body=row_lines,
                                unit_stride=unit_stride, unit_body=contiguous + compute,
                                simd_decls=vector_math_decls())
@@ -633,28 +651,47 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     # exp of a softmax): that loop stores the latest such value in the output, and
     # the output loop reads it back (softmax 1024x1024: 0.49 -> 0.38 ms on 2 cores).
     reductions = [t for t in spec.body if t.op in ROW_REDUCTIONS]
+    written = list(zip(spec.outputs, spec.written, strict=True))
+    elements = [t for o, t in written if not o.per_row]  # S-shaped outputs
     kept: Term | None = None
     if reductions and not spec.per_row_out and spec.out_dtype == spec.compute:
-        for_output = set(needed([spec.root]))
+        for_output = set(needed(elements))
         shared = [t for t in needed([reductions[-1].args[0]])
                   if t in for_output and t.op != "arg"]
         kept = shared[-1] if shared else None
+    # An S-shaped side output is stored by the first loop that computes it; later
+    # loops read it back instead of computing it again (the row is one thread's).
+    # (Not one narrower than the compute dtype: read back, it would differ.)
+    side = {t: f"{o.name}_ptr" for o, t in written[1:]
+            if not o.per_row and o.dtype == spec.compute}
+    stored: dict[Term, str] = {}
 
-    def elem_lines(terms: list[Term]) -> list[str]:
-        out = []
+    def elem_lines(targets: list[Term]) -> tuple[list[str], list[Term]]:
+        """The lines computing the targets' element values (stored ones read back,
+        first), and the terms they compute."""
+        terms = needed(targets, frozenset(stored))
+        reach = {a for t in [*targets, *terms] for a in (t, *t.args)}
+        out = [f"const {ctype} {names[t]} = {stored[t]}[r * n_cols + c];"
+               for t in spec.body if t in stored and (t in reach or t is kept)]
         for t in terms:
             if t.op == "arg":
                 out.append(load(spec.inputs[t.attr("index")], t.attr("index")))
             else:
                 out.append(stmt(t))
-        return out
+        return out, terms
+
+    def store_side(terms: list[Term]) -> list[str]:
+        new = [t for t in terms if t in side and t not in stored]
+        stored.update((t, side[t]) for t in new)
+        return [f"{side[t]}[r * n_cols + c] = {names[t]};" for t in new]
 
     for t in spec.body:
         if t.op in ("arg", "const") or t in done:
             continue
         if t.op in ROW_REDUCTIONS:
             acc = cpp_accumulator(t.op, f"{names[t]}_acc", ctype)
-            body = elem_lines(needed([t.args[0]])) + acc.update(names[t.args[0]])
+            lines, terms = elem_lines([t.args[0]])
+            body = lines + acc.update(names[t.args[0]]) + store_side(terms)
             if kept is not None and t is reductions[-1]:
                 body.append(f"out_ptr[r * n_cols + c] = {names[kept]};  // read back below")
             steps.append({"reduce": True, "pairwise": acc.pairwise, "declare": acc.declare(),
@@ -666,12 +703,14 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
         elif _per_row(t, spec):
             steps.append({"reduce": False, "line": stmt(t)})
             done.add(t)
-    if kept is None:
-        out_lines = elem_lines(needed([spec.root]))
-    else:
-        out_lines = [f"const {ctype} {names[kept]} = out_ptr[r * n_cols + c];"]
-        out_lines += elem_lines(needed([spec.root], frozenset({kept})))
+    if kept is not None:
+        stored[kept] = "out_ptr"
+    finals = [t for t in elements if t not in stored]  # what the output loop stores
+    out_lines = elem_lines(finals)[0] if finals else []
+    row_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written if o.per_row]
+    elem_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written
+                   if t in finals]
     return render_template(f"openmp/{spec.template}.cpp.j2", header=_header(spec, "openmp", "//"),
                            name=spec.name, params=params, row_steps=steps,
-                           chunk=PAIRWISE_CHUNK, elem_body=out_lines, result=names[spec.root],
-                           per_row_out=spec.per_row_out, simd_decls=vector_math_decls())
+                           chunk=PAIRWISE_CHUNK, elem_body=out_lines, row_stores=row_stores,
+                           elem_stores=elem_stores, simd_decls=vector_math_decls())

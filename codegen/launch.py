@@ -1,8 +1,10 @@
 """Launching generated kernels: the launchers a compiled graph calls.
 
-Each launcher allocates the output, computes sizes, strides and the grid at run
+Each launcher allocates the outputs, computes sizes, strides and the grid at run
 time from its `KernelSpec` (codegen/spec.py), and launches; a launch that fails
-runs the group's ATen body instead. `KernelRecipe` makes a launcher again from
+runs the group's ATen body instead. A kernel of one output returns that tensor;
+one with side outputs (engine/fuse.py) the tuple of its outputs, the root's first,
+and so does its ATen body. `KernelRecipe` makes a launcher again from
 the kernel's source, which is how the graph cache (frontend/graph_cache.py)
 loads a compiled graph. This module imports neither the rule engine nor the
 renderers, so such a load stays cheap; building launchers for a new graph is
@@ -36,18 +38,21 @@ class KernelFallback(UserWarning):
     """A fused group runs through ATen because its kernel could not be built."""
 
 
+Result = torch.Tensor | tuple[torch.Tensor, ...]
+
+
 class Launcher:
     """Runs one kernel; if a launch fails (out of memory, a driver error), warns once
     and runs the group's ATen body instead, so the result is still correct."""
 
     spec: KernelSpec
-    fallback: Callable[..., torch.Tensor]
+    fallback: Callable[..., Result]
     failed: bool = False
     strict: bool = False
     recipe: KernelRecipe | None = None
 
     def __init__(self, spec: KernelSpec, kernel: Any,
-                 fallback: Callable[..., torch.Tensor]) -> None:
+                 fallback: Callable[..., Result]) -> None:
         self.spec = spec
         self.kernel = kernel
         self.fallback = fallback
@@ -57,7 +62,7 @@ class Launcher:
     PLANS = 16
     attempts = 0
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor) -> Result:
         plans = self.plans
         if plans is not None:
             try:
@@ -76,7 +81,7 @@ class Launcher:
                 return self._learn(key, inputs)
         return self._launch_or_fallback(inputs)
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def launch(self, *inputs: torch.Tensor) -> Result:
         raise NotImplementedError
 
     # While a launch is learned, the scratch tensors it allocates (a split
@@ -88,12 +93,13 @@ class Launcher:
         the kernel, then its combine)."""
         return (self.kernel,)
 
-    def _learn(self, key: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _learn(self, key: Any, inputs: tuple[torch.Tensor, ...]) -> Result:
         """Launch as usual, watching the kernels: a call whose every launch went
         through a remembered runner, with arguments that are the inputs themselves,
-        the fresh output, scratch tensors the launch allocated and numbers, becomes
-        this signature's plan. A launch that passes any other tensor (an input made
-        contiguous first) never will: NO_PLAN, so the signature is not watched again."""
+        the fresh outputs (every one of a kernel with side outputs), scratch tensors
+        the launch allocated and numbers, becomes this signature's plan. A launch that
+        passes any other tensor (an input made contiguous first) never will: NO_PLAN,
+        so the signature is not watched again."""
         kernels = self.watched()
         seen: list[Any] = []
         temps: list[torch.Tensor] = []
@@ -102,7 +108,7 @@ class Launcher:
             k.watch = seen
         self.temps = temps
         try:
-            out = self._launch_or_fallback(inputs)
+            result = self._launch_or_fallback(inputs)
         finally:
             for k in kernels:
                 k.watch = None
@@ -110,19 +116,20 @@ class Launcher:
         self.attempts += 1
         if self.attempts > 2 * self.PLANS and self.plans is not None and not self.plans:
             self.plans = None  # never learned (the JIT launches, or several kernels)
-        if self.plans is None or not seen or POISON in seen \
-                or out.device.type != PLAN_DEVICE or _index(out) != key[0]:
-            return out
+        outs = result if isinstance(result, tuple) else (result,)
+        if self.plans is None or not seen or POISON in seen or any(
+                o.device.type != PLAN_DEVICE or _index(o) != key[0] for o in outs):
+            return result
         after = [_launches(k) for k in kernels]
         if None in before or None in after:
             counted = len(seen) == 1 and len(kernels) == 1  # a kernel without counters
         else:
             counted = sum(after) - sum(before) == len(seen)  # type: ignore[arg-type]
         if counted:
-            self.plans[key] = _make_plan(seen, inputs, out, temps)
-        return out
+            self.plans[key] = _make_plan(seen, inputs, outs, temps)
+        return result
 
-    def _launch_or_fallback(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _launch_or_fallback(self, inputs: tuple[torch.Tensor, ...]) -> Result:
         if not self.failed:
             try:
                 return self.launch(*inputs)
@@ -139,66 +146,72 @@ class Launcher:
 
 @dataclass(frozen=True)
 class _Plan:
-    """One launch learned by `Launcher._learn`: the output's size, strides and dtype,
-    the kernel's runner and the numbers after the output (sizes, strides, then the
-    constexprs), for a runner that takes the inputs, then the output, then numbers.
-    Everything in it follows from the signature it is kept under."""
+    """One launch learned by `Launcher._learn`: each output's size, strides and dtype
+    (the root's first, then any side outputs), the kernel's runner and the numbers
+    after the outputs (sizes, strides, then the constexprs), for a runner that takes
+    the inputs, then the outputs, then numbers. Everything in it follows from the
+    signature it is kept under."""
 
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
+    outs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     run: Callable[..., Any]
     rest: tuple[Any, ...]
 
-    def launch(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        out = _plan_alloc(self.size, self.stride, self.dtype)
-        self.run(*inputs, out, *self.rest)
-        return out
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_plan_alloc(*o) for o in self.outs]
+        self.run(*inputs, *outs, *self.rest)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-# An argument of a learned launch (`_Steps`): the n-th input, the output, the n-th
-# scratch tensor, or a value passed as it is.
+# An argument of a learned launch (`_Steps`): the n-th input, the n-th output, the
+# n-th scratch tensor, or a value passed as it is.
 _IN, _OUT, _TEMP, _VALUE = range(4)
+
+# A tensor's size, strides and dtype: what a plan allocates it from
+_Alloc = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
 @dataclass(frozen=True)
 class _Steps:
     """Several launches learned by `Launcher._learn` (a split reduction and its
-    combine), or one whose arguments are not inputs-output-numbers: the output and
-    the scratch tensors are allocated afresh, then each runner called in order."""
+    combine), or one whose arguments are not inputs-outputs-numbers: the outputs
+    and the scratch tensors are allocated afresh, then each runner called in order."""
 
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    temps: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
+    outs: tuple[_Alloc, ...]
+    temps: tuple[_Alloc, ...]
     steps: tuple[tuple[Callable[..., Any], tuple[tuple[int, Any], ...]], ...]
 
-    def launch(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        out = _plan_alloc(self.size, self.stride, self.dtype)
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_plan_alloc(*o) for o in self.outs]
         temps = [_plan_alloc(*t) for t in self.temps]
         for run, slots in self.steps:
-            run(*[inputs[v] if k == _IN else out if k == _OUT else temps[v] if k == _TEMP
-                  else v for k, v in slots])
-        return out
+            run(*[inputs[v] if k == _IN else outs[v] if k == _OUT else temps[v]
+                  if k == _TEMP else v for k, v in slots])
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 # The plan of a signature whose launch cannot be replayed: launch it the full way
 NO_PLAN: Any = object()
 
 
-def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
-               temps: list[torch.Tensor]) -> Any:
-    """The plan replaying the watched launches `seen`, or NO_PLAN."""
-    n = len(inputs)
+def _alloc_of(t: torch.Tensor) -> _Alloc:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...],
+               outs: tuple[torch.Tensor, ...], temps: list[torch.Tensor]) -> Any:
+    """The plan replaying the watched launches `seen`, or NO_PLAN. `outs`: what the
+    launch returned, the root's output first (more than one with side outputs)."""
+    n, k = len(inputs), len(outs)
     if len(seen) == 1:
         run, args, tail = seen[0]
-        rest = args[n + 1:]
-        if len(args) > n and all(a is b for a, b in zip(args[:n], inputs, strict=True)) \
-                and args[n] is out and not any(isinstance(a, torch.Tensor) for a in rest):
-            return _Plan(tuple(out.shape), tuple(out.stride()), out.dtype, run, (*rest, *tail))
+        rest = args[n + k:]
+        if len(args) >= n + k and all(
+                a is b for a, b in zip(args[:n + k], (*inputs, *outs), strict=True)) \
+                and not any(isinstance(a, torch.Tensor) for a in rest):
+            return _Plan(tuple(_alloc_of(o) for o in outs), run, (*rest, *tail))
     ids = {id(x): (_IN, i) for i, x in reversed(list(enumerate(inputs)))}
     ids.update({id(t): (_TEMP, j) for j, t in enumerate(temps)})
-    ids[id(out)] = (_OUT, None)
+    ids.update({id(o): (_OUT, j) for j, o in enumerate(outs)})
     steps = []
     for run, args, tail in seen:
         slots = []
@@ -211,10 +224,10 @@ def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...], out: torch.Ten
             else:
                 slots.append((_VALUE, a))
         steps.append((run, tuple(slots)))
-    if any(t.device != out.device for t in temps):
+    if any(t.device != outs[0].device for t in temps):
         return NO_PLAN  # a plan allocates on the current device only
-    shapes = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in temps)
-    return _Steps(tuple(out.shape), tuple(out.stride()), out.dtype, shapes, tuple(steps))
+    return _Steps(tuple(_alloc_of(o) for o in outs), tuple(_alloc_of(t) for t in temps),
+                  tuple(steps))
 
 
 def _launches(kernel: Any) -> int | None:
@@ -254,22 +267,22 @@ def _plan_alloc(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dty
 
 
 class CppLauncher(Launcher):
-    def __init__(self, spec: KernelSpec, fn: Any, fallback: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, spec: KernelSpec, fn: Any, fallback: Callable[..., Result]) -> None:
         self.spec = spec
         self.fn = fn
         self.fallback = fallback
-        n_ptr = len(spec.inputs) + 1
+        n_ptr = len(spec.inputs) + len(spec.outputs)
         n_int = spec.rank + sum(spec.rank for i in spec.inputs if not i.flat) + 2
         fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
         fn.restype = None
-        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        g, out, tensors = _prepare(self.spec, inputs, self.out_dtype)
-        if g.numel == 0:
-            return out
-        self.fn(*[t.data_ptr() for t in tensors], out.data_ptr(), *g.cpp_ints)
-        return out
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
+        if g.numel:
+            self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs],
+                    *g.cpp_ints)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 class TritonLauncher(Launcher):
@@ -278,41 +291,44 @@ class TritonLauncher(Launcher):
     TILE_X = 64
 
     def __init__(self, spec: KernelSpec, kernel: Any,
-                 fallback: Callable[..., torch.Tensor]) -> None:
+                 fallback: Callable[..., Result]) -> None:
         super().__init__(spec, kernel, fallback)
-        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        g, out, tensors = _prepare(self.spec, inputs, self.out_dtype)
-        if g.numel == 0:
-            return out
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
+        if g.numel:
+            self._run(g, outs, tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
+             ) -> None:
         space, strides = g.space, g.strides
         if self.spec.template == "pointwise_tiled":
             tile = int(self.spec.meta["tile"])
             # codegen/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
             tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
-            grid = (out.numel() // (space[tile] * space[-1]) * tiles,)
-            self.kernel[grid](*tensors, out, out.numel(), *space, *strides,
+            grid = (g.numel // (space[tile] * space[-1]) * tiles,)
+            self.kernel[grid](*tensors, *outs, g.numel, *space, *strides,
                               BLOCK_Y=self.TILE_Y, BLOCK_X=self.TILE_X)
         elif self.spec.kind == "pointwise":
-            n = out.numel()
+            n = g.numel
             grid = (triton_cdiv(n, self.BLOCK_SIZE),)
-            self.kernel[grid](*tensors, out, n, *space, *strides, BLOCK_SIZE=self.BLOCK_SIZE)
+            self.kernel[grid](*tensors, *outs, n, *space, *strides, BLOCK_SIZE=self.BLOCK_SIZE)
         else:
             cols = space[-1]
             rows = _numel(space) // cols
             block = block_pow2(cols)
             if self.spec.template == "row_looped":  # codegen/row_looped.py: chunks of a row
                 block = chunk(self.spec, block)
-            self.kernel[(rows,)](*tensors, out, cols, *space, *strides, BLOCK_C=block,
+            self.kernel[(rows,)](*tensors, *outs, cols, *space, *strides, BLOCK_C=block,
                                  num_warps=row_warps(block))
-        return out
 
 
 class MatmulLauncher(Launcher):
     """A matrix product with its epilogue (codegen/matmul.py); Triton only."""
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def launch(self, *inputs: torch.Tensor) -> Result:
         args, out, tile = matmul_launch_args(self.spec, inputs)
         m, n = args[0], args[1]
         if out.numel() == 0 or args[2] == 0:
@@ -327,7 +343,7 @@ class MatmulLauncher(Launcher):
 class AttentionLauncher(Launcher):
     """softmax(q @ kt * scale, masked) @ v in one kernel (codegen/attention.py); Triton only."""
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def launch(self, *inputs: torch.Tensor) -> Result:
         out = attention_launch(self.spec, self.kernel, inputs)
         return self.fallback(*inputs) if out is None else out
 
@@ -344,7 +360,7 @@ class KernelRecipe:
     # Triton's enable_fp_fusion); off, each operation rounds as ATen's does.
     contract: bool = False
 
-    def build(self, spec: KernelSpec, fallback: Callable[..., torch.Tensor],
+    def build(self, spec: KernelSpec, fallback: Callable[..., Result],
               lazy: bool = False) -> tuple[Launcher, Path]:
         """The launcher. `lazy` (a recipe that built before, in the graph cache)
         imports the Triton module only when a launch needs Triton's JIT."""
@@ -438,14 +454,13 @@ class _Geometry:
     perm: tuple[int, ...]  # space dim k is graph dim perm[k]
     space: tuple[int, ...]
     strides: tuple[int, ...]  # strided inputs' strides in the space's order
-    # The output's sizes and strides in the graph's dim order: dense in the space's
-    # order when that differs from the graph's
-    out_size: tuple[int, ...]
-    out_stride: tuple[int, ...]
+    # Each output's sizes and strides in the graph's dim order: dense in the space's
+    # order when that differs from the graph's (a per-row output: in the graph's)
+    outs: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
     # Per input: None (passed as is), () (made contiguous), or a permutation to
     # read it flat in the space's order
     flat: tuple[tuple[int, ...] | None, ...]
-    numel: int  # the output's
+    numel: int  # the largest output's: 0, nothing to launch
     # Every input passed as it is (those read flat already are laid out so): the
     # common case, which skips the per-input work at each launch
     direct: bool
@@ -496,14 +511,14 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
             strides.extend(st[k] for k in perm)
     space = tuple(shape[k] for k in perm)
     permuted = perm != list(range(len(perm)))
-    out_size, out_stride = tuple(shape), dense_strides(shape)
-    if spec.per_row_out:
-        out_size, out_stride = tuple(keep), dense_strides(keep)
-    elif permuted:
+    full = (tuple(shape), dense_strides(shape))
+    if permuted:
         # laid out in the space's order (a row kernel's reduced dim innermost, or the
         # root's layout in the graph, e.g. NHWC), seen in the graph's dim order
         dense = dense_strides(space)
-        out_stride = tuple(dense[perm.index(k)] for k in range(len(perm)))
+        full = (tuple(shape), tuple(dense[perm.index(k)] for k in range(len(perm))))
+    outs = tuple((tuple(keep), dense_strides(keep)) if o.per_row else full
+                 for o in spec.outputs)
     # flat inputs are read by linear index: laid out densely in the space's order
     flat = tuple((tuple(perm) if permuted else ()) if inp.flat else None
                  for inp in spec.inputs)
@@ -511,11 +526,11 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     # laid out so is known here, once
     direct = all(f is None or (x.permute(f) if f else x).is_contiguous()
                  for x, f in zip(inputs, flat, strict=True))
-    numel = _numel(out_size)
+    numel = max(_numel(size) for size, _ in outs)
     cols = space[-1] if space else 1
     count = numel if spec.kind == "pointwise" else (_numel(space) // cols if cols else 0)
-    return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), out_size,
-                     out_stride, flat, numel, direct, (*space, *strides, count, cols))
+    return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
+                     flat, numel, direct, (*space, *strides, count, cols))
 
 
 def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -551,16 +566,17 @@ def empty_strided(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.d
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
-def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torch.dtype
-             ) -> tuple[_Geometry, torch.Tensor, Sequence[torch.Tensor]]:
+def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtypes: list[torch.dtype]
+             ) -> tuple[_Geometry, list[torch.Tensor], Sequence[torch.Tensor]]:
     """The launch's geometry (the space's sizes, a row kernel's reduced dim moved
-    last, and the strided inputs' strides in its dim order), the output, and the
+    last, and the strided inputs' strides in its dim order), the outputs, and the
     inputs as the kernel reads them."""
     g = _geometry(spec, inputs)
     device = inputs[0].device if inputs else torch.device("cpu")
-    out = empty_strided(g.out_size, g.out_stride, out_dtype, device)
+    outs = [empty_strided(size, stride, dtype, device)
+            for (size, stride), dtype in zip(g.outs, out_dtypes, strict=True)]
     if g.direct:
-        return g, out, inputs
+        return g, outs, inputs
     tensors = []
     for x, flat in zip(inputs, g.flat, strict=True):
         if flat is None:
@@ -569,4 +585,4 @@ def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtype: torc
             if flat:
                 x = x.permute(flat)
             tensors.append(x if x.is_contiguous() else x.contiguous())
-    return g, out, tensors
+    return g, outs, tensors

@@ -20,7 +20,7 @@ from ..engine.ops import OpTable
 from ..engine.term import Term
 from .kernels import (TRITON_DTYPES, RenderError, _contiguous, _header, _key, _names,
                       print_index, strided_offset, value_expr)
-from .spec import KernelSpec, KInput
+from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
 
 
@@ -50,7 +50,8 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
     ops = [t for t in body if t.op not in ("arg", "const")]
     return KernelSpec(name=name, kind="matmul", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("template"),
-                      inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype, rank=rank,
+                      inputs=inputs, body=body, root=root, written=[root],
+                      outputs=[KOutput("out", root.meta.dtype, False, shape)], rank=rank,
                       replaced_ops=len([t for t in ops if t.op not in RESHAPES]),
                       meta={"shape": shape, "a": x.attr("index"), "b": y.attr("index"),
                             "bias": None if bias is None or bias.op != "arg"

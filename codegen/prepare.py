@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
+from ..engine.fuse import body_terms, kernel_outputs
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..frontend.aten import Bridge
 from .attention import attention_spec, render_attention
 from .build import BudgetSpent, BuildError, budget
 from .kernels import RenderError, render, spec_of
-from .launch import KernelFallback, KernelRecipe, launcher_class
+from .launch import KernelFallback, KernelRecipe, Result, launcher_class
 from .reduction import reduction_spec, render_reduction
 from .row_looped import looped, render_row_looped
 from .spec import KernelSpec
@@ -37,20 +38,25 @@ class Prepared:
     failed: int = 0  # kernels that went back to their ATen body
 
 
-def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., torch.Tensor]:
-    """The kernel's group run op by op through ATen (the launch-failure fallback)."""
-    order = [t for t in kernel.attr("body").walk() if t.op not in ("arg", "const")]
+def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., Result]:
+    """The kernel's group run op by op through ATen (the launch-failure fallback):
+    its one output, or the tuple of all of them, as the launcher returns."""
+    body = body_terms(kernel)
+    order = [t for t in body if t.op not in ("arg", "const")]
+    outputs = kernel_outputs(kernel)
 
-    def run(*inputs: torch.Tensor) -> torch.Tensor:
+    def run(*inputs: torch.Tensor) -> Result:
         values: dict[Term, Any] = {}
-        for t in kernel.attr("body").walk():
+        for t in body:
             if t.op == "arg":
                 values[t] = inputs[t.attr("index")]
             elif t.op == "const":
                 values[t] = t.value
         for t in order:
             values[t] = bridge.run(t, [values[a] for a in t.args])
-        return values[kernel.attr("body")]
+        if len(outputs) == 1:
+            return values[outputs[0]]  # type: ignore[no-any-return]
+        return tuple(values[o] for o in outputs)
 
     return run
 
@@ -76,7 +82,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
              warn: Callable[[str], None] | None, contract: bool,
              budget_s: float | None, autotune: bool = False) -> Prepared:
     prepared = Prepared(graph)
-    failed: dict[Term, Term] = {}
+    failed: dict[Term, tuple[Term, ...]] = {}
     order = graph.terms()
     spent: list[str] = []  # the kernels left when the budget ran out
     say = warn or (lambda m: warnings.warn(m, KernelFallback,
@@ -140,6 +146,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
         prepared.records.append({"name": spec.name, "target": target, "source": str(path),
                                  "rules": [spec.rule], "template": f"{target}/{spec.template}",
                                  "replaced_ops": spec.replaced_ops,
+                                 "outputs": len(spec.outputs),
                                  "ops": body_ops(spec),
                                  "order": spec.meta.get("order")})
     if spent:
@@ -172,33 +179,42 @@ def _static(spec: KernelSpec) -> int:
         return 1
 
 
-def inline_body(kernel: Term, store: TermStore) -> Term:
-    """The kernel's computation as ordinary terms over its operands."""
+def inline_body(kernel: Term, store: TermStore) -> tuple[Term, ...]:
+    """The kernel's computation as ordinary terms over its operands: one term per
+    output (engine/fuse.py: kernel_outputs)."""
     done: dict[Term, Term] = {}
-    for t in kernel.attr("body").walk():
+    for t in body_terms(kernel):
         if t.op == "arg":
             done[t] = kernel.args[t.attr("index")]
         elif t.op == "const":
             done[t] = t
         else:
             done[t] = store.make(t.op, [done[a] for a in t.args], t.attrs, meta=t.meta)
-    return done[kernel.attr("body")]
+    return tuple(done[o] for o in kernel_outputs(kernel))
 
 
-def _substitute(graph: Graph, store: TermStore, repl: dict[Term, Term]) -> Graph:
-    """`graph` with each failed kernel replaced by its body over the new terms."""
+def _substitute(graph: Graph, store: TermStore, repl: dict[Term, tuple[Term, ...]]) -> Graph:
+    """`graph` with each failed kernel replaced by its body over the new terms: a
+    kernel of one output by that output's term, `getitem(kernel, i)` of one with
+    side outputs by output i's (the kernel itself is then used no more)."""
 
-    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
-        if t not in repl:
-            return None
+    def inlined(term: Term, new: dict[Term, Term]) -> Term:
         memo: dict[Term, Term] = {}
-        for u in repl[t].walk():
+        for u in term.walk():
             if u in new:
                 memo[u] = new[u]
             elif u.args:
                 memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
             else:
                 memo[u] = u
-        return memo[repl[t]]
+        return memo[term]
+
+    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
+        outputs = repl.get(t)
+        if outputs is not None and len(outputs) == 1:
+            return inlined(outputs[0], new)
+        if t.op == "getitem" and t.args[0] in repl:
+            return inlined(repl[t.args[0]][t.attr("index")], new)
+        return None
 
     return rebuild(graph, store, replace)

@@ -41,7 +41,7 @@ from .kernels import (
     print_index,
     value_expr,
 )
-from .spec import KernelSpec, KInput, stride_params
+from .spec import KernelSpec, KInput, KOutput, stride_params
 from .templates import render_template
 
 # OpenMP: below this many elements, an output's reduction is not worth a
@@ -87,7 +87,8 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="reduction", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("template"),
-                      inputs=inputs, body=body, root=root, out_dtype=root.meta.dtype,
+                      inputs=inputs, body=body, root=root, written=[root],
+                      outputs=[KOutput("out", root.meta.dtype, False, out_shape)],
                       rank=rank, replaced_ops=len(ops),
                       meta={"dims": dims, "kept": kept, "in_shape": in_shape,
                             "out_shape": out_shape, "keepdim": first.attr("keepdim"),
@@ -245,7 +246,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable) -> str:
     ctype = CPP_DTYPES[spec.compute]
     pro, red, epi = _split(spec)
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
-    params += [f"{ctype}* __restrict__ out_ptr"]
+    params += [f"{CPP_DTYPES[spec.out_dtype]}* __restrict__ out_ptr"]
     params += [f"int64_t size{k}" for k in range(spec.rank)]
     params += [f"int64_t {p}" for p in stride_params(spec)]
     params += ["int64_t n_out", "int64_t n_red"]

@@ -95,7 +95,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
 
     done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
 
-    def elem_lines(targets: list[Term], last: bool = False) -> list[str]:
+    def elem_terms(targets: list[Term]) -> list[Term]:
         """Element values the targets need (loads included), in body order; the
         search stops at per-row values, which earlier passes computed."""
         need: set[Term] = set()
@@ -105,8 +105,11 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             if t not in need:
                 need.add(t)
                 stack += [a for a in t.args if a.op != "const" and not _per_row(a, spec)]
+        return [t for t in spec.body if t in need]
+
+    def elem_lines(targets: list[Term], last: bool = False) -> list[str]:
         return [load(spec.inputs[t.attr("index")], t.attr("index"), last) if t.op == "arg"
-                else stmt(t) for t in spec.body if t in need]
+                else stmt(t) for t in elem_terms(targets)]
 
     row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
     passes: list[dict[str, Any]] = []
@@ -145,6 +148,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                 after.append(f"{names[t]} = {names[t]} / n_cols")
             elem = elem_lines([t.args[0]])
             passes.append({"what": f"{t.op} of {names[t.args[0]]}", "elem": elem,
+                           "terms": elem_terms([t.args[0]]),
                            "init": triton_init(t.op, acc, "[BLOCK_C]", compute),
                            "body": elem + triton_accumulate(t.op, acc, names[t.args[0]], "mask"),
                            "after": after})
@@ -154,12 +158,26 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
         elif _per_row(t, spec):
             (passes[-1]["after"] if passes else row_lines).append(stmt(t))
             done.add(t)
-    elem_body = [] if spec.per_row_out else elem_lines([spec.root], last=True)
-    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr", row_width_param(spec)]
+    stores: list[dict[str, Any]] = [
+        {"ptr": f"{o.name}_ptr", "value": names[t], "dtype": TRITON_DTYPES[o.dtype],
+         "per_row": o.per_row, "term": t} for o, t in zip(spec.outputs, spec.written, strict=True)]
+    # An S-shaped side output is stored by the first pass that computes it, not
+    # computed again in the last pass only to be stored
+    stored: set[Term] = set()
+    for p in passes:
+        for o in stores[1:]:
+            if not o["per_row"] and o["term"] in p["terms"] and o["term"] not in stored:
+                stored.add(o["term"])
+                p["body"].append(f"tl.store({o['ptr']} + row * n_cols + cols, "
+                                 f"{o['value']}.to({o['dtype']}), mask=mask)")
+    last = [o for o in stores if not o["per_row"] and o["term"] not in stored]
+    elem_body = elem_lines([o["term"] for o in last], last=True)
+    params = [f"{i.name}_ptr" for i in spec.inputs] + [f"{o.name}_ptr" for o in spec.outputs]
+    params += [row_width_param(spec)]
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
     return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
                            welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
-                           elem_body=elem_body, result=names[spec.root],
-                           per_row_out=spec.per_row_out, out_dtype=TRITON_DTYPES[spec.out_dtype])
+                           elem_body=elem_body,
+                           row_stores=[o for o in stores if o["per_row"]], elem_stores=last)

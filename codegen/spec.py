@@ -31,26 +31,50 @@ class KInput:
 
 
 @dataclass
+class KOutput:
+    """One tensor a kernel writes: the root's value (the first), or a side output
+    (engine/fuse.py), a member whose value users outside the kernel read too."""
+
+    name: str  # out (the root's), out1, out2, ...
+    dtype: str
+    per_row: bool  # row kernels: one value per row ([R..., 1]); else the space's shape
+    shape: tuple[Any, ...]  # in the graph's dim order
+
+
+@dataclass
 class KernelSpec:
     name: str
-    kind: str  # pointwise | row | matmul | attention
+    kind: str  # pointwise | row | reduction | matmul | attention
     rule: str
     location: str
     template: str
     inputs: list[KInput]
     body: list[Term]
     root: Term
-    out_dtype: str
+    # What the kernel writes, the root's value first. One output: the launcher returns
+    # that tensor; several (side outputs: pointwise and row kernels): their tuple.
+    outputs: list[KOutput]
     rank: int  # rank of the iteration space (row: rank of [R..., C])
     replaced_ops: int
-    per_row_out: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    # The body terms the outputs hold, in their order (dropped with the body).
+    written: list[Term] = field(default_factory=list)
     # Set on the copy a launcher keeps for the graph cache (frontend/graph_cache.py),
     # which drops the body: what `compute` found while the body was there.
     compute_dtype: str | None = None
     # Time launch configurations at each new call and keep the fastest (mode
     # max-autotune; codegen/autotune.py). Off: the launchers' heuristics alone.
     autotune: bool = False
+
+    @property
+    def out_dtype(self) -> str:
+        """The root's (the first output's) dtype."""
+        return self.outputs[0].dtype
+
+    @property
+    def per_row_out(self) -> bool:
+        """Whether the root's value is one value per row (a row kernel's reduction)."""
+        return self.outputs[0].per_row
 
     @property
     def compute(self) -> str:
@@ -66,7 +90,7 @@ class KernelSpec:
         predicts a first launch before the graph is stored) are left to be remade."""
         meta = {k: v for k, v in self.meta.items() if k != GEOMETRY_CACHE}
         return replace(self, body=[], root=None, compute_dtype=self.compute,  # type: ignore[arg-type]
-                       meta=meta)
+                       meta=meta, written=[])
 
 
 def block_pow2(n: int) -> int:

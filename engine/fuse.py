@@ -1,32 +1,55 @@
 """Fusion: grouping terms into kernels, driven by `kind: fuse` rules.
 
-Consumers come first (reverse topological order). A term not yet in a group
-that matches a fuse rule's pattern starts a group, which grows into its
-producers while:
+Consumers come first (reverse topological order, the graph's first outputs
+first: see `fuse`). A term not yet in a group that matches a fuse rule's
+pattern starts a group, which grows into its producers while:
 - the producer's op category is in the rule's `grow:` list;
-- every user of the producer is already in the group (so nothing is computed
-  twice and no intermediate must be written out);
 - the producer fits the group's iteration space (`SPACES[template]`);
-- the code generator can compile it (`can_compile`, from the target).
-Then the rule's guards decide, with `root`, `ops` (the group's op count) and
-`reductions` bound. A matmul group (`MatmulSpace`) holds one matrix product and its epilogue and
-never grows into the product's operands. A group becomes one `kernel` term whose operands are the
-group's inputs and whose `body` attribute is the group itself over `arg`
-placeholders; `codegen/` renders it with the rule's template.
+- the code generator can compile it (`can_compile`, from the target);
+- if something outside the group uses the producer too (or the graph returns
+  it), the space takes side outputs (`side_outputs`: pointwise and row spaces
+  do; reduction, matmul and attention spaces do not, their docstrings say why),
+  can store this one (`can_output`: a float, and in a pointwise space of the
+  root's shape, not one that broadcasts to it) and joining makes no cycle
+  (`Order`). The kernel then computes the producer
+  once and also writes it out, for those users.
+A group with side outputs also takes in users of its members (not of its root)
+that it can compute from its members alone, under the same conditions, reductions
+excepted: a cast of layer_norm's mean is one more output and no more inputs. Then the rule's guards
+decide, with `root`, `ops` (the group's op count), `reductions`, `matmuls` and
+`outputs` (1 + the side outputs) bound. A matmul group (`MatmulSpace`) holds one
+matrix product and its epilogue and never grows into the product's operands.
+
+A group becomes one `kernel` term whose operands are the group's inputs and
+whose `body` attribute is its root over `arg` placeholders; `codegen/` renders it
+with the rule's template. A kernel with side outputs is tuple-valued (its meta's
+kind is "tuple"): its `outputs` attribute lists the body terms it writes, the
+root's first, and each outside use reads `getitem(kernel, i)`. A kernel of one
+output has no `outputs` and is the root's value itself, as it always was.
+
+No cycle: each group stays convex (no path leaves it and comes back) in the graph
+where every group formed before it counts as one node, so that graph stays
+acyclic when the group becomes one node too (convex in the graph of terms alone
+would not do: two groups could each read the other's side output). `Order` keeps
+a topological order of that graph, so the checks a new member must pass search
+only a window of it: no user of the member outside the group reaches the group,
+and none of the member's operands depends on it (needed only once the group has
+side outputs: before that, its root is its only way out, and nothing in the
+group depends on the root).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
 from .pattern import Matcher
 from .rules import Rule
-from .term import Graph, Term, TermStore, rebuild
+from .term import Graph, Meta, Term, TermStore, postorder
 
 # Ops a row kernel reduces with, and whether they need the row's length (mean).
 ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
@@ -86,7 +109,12 @@ def broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
 class PointwiseSpace:
     """One loop over the output's elements: every member has the root's shape, or
     one that broadcasts to it (a per-channel value, recomputed per element: its
-    operands are read through the broadcast, as the kernel's inputs are)."""
+    operands are read through the broadcast, as the kernel's inputs are). A
+    float member of the root's shape may be a side output: it is stored where the
+    root is, element by element (a broadcast one has no such place, a bool mask
+    no float to store: those stay outside when something else reads them)."""
+
+    side_outputs = True
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
@@ -96,11 +124,19 @@ class PointwiseSpace:
         return _value(t, self.root) and broadcasts(tuple(t.meta.shape), self.shape) \
             and t.op not in ROW_REDUCTIONS
 
+    def can_output(self, t: Term) -> bool:
+        return t.meta.dtype in FLOATS and tuple(t.meta.shape) == self.shape
+
 
 class RowSpace:
     """Rows along one dim `dim` of a shape S: members are S-shaped values or one
     value per row (S with size 1 at `dim`), and reductions run along `dim`.
-    Softmax and layer_norm reduce the last dim; a bias gradient reduces dim 0."""
+    Softmax and layer_norm reduce the last dim; a bias gradient reduces dim 0.
+    Any float member may be a side output: an S-shaped one is stored with the row's
+    elements, a per-row one (layer_norm's mean and rstd) once per row; a bool mask
+    is not (the kernel stores floats)."""
+
+    side_outputs = True
 
     def __init__(self, root: Term) -> None:
         self.dim = reduced_dim(root)
@@ -132,6 +168,9 @@ class RowSpace:
                 self.dim = ones[0]
         return shape in (self.shape, self.per_row())
 
+    def can_output(self, t: Term) -> bool:
+        return t.meta.dtype in FLOATS
+
 
 # Matrix products a matmul kernel computes (2-d, with addmm's bias in its epilogue).
 MATMULS = ("mm", "addmm")
@@ -143,7 +182,11 @@ class MatmulSpace:
     """One matrix product [M, K] @ [K, N] and the pointwise epilogue on its result,
     in the root's shape S: S is [M, N], or [..., N] when a reshape splits M (a
     Linear on a 3-d input). The product's operands are the kernel's inputs: the
-    group never grows past the matmul (`stops_at`)."""
+    group never grows past the matmul (`stops_at`). No side outputs: the template
+    stores one output tile, and a value the epilogue shares with another user
+    stays outside the kernel, as before side outputs existed."""
+
+    side_outputs = False
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
@@ -184,7 +227,11 @@ class ReductionSpace:
     members are I-shaped values (the prologue, computed per reduced element),
     reductions over the same dims of I-shaped values, and O-shaped values (the
     epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
-    is refused: the two phases could not be told apart by shape."""
+    is refused: the two phases could not be told apart by shape. No side outputs:
+    the prologue's values exist only inside the reduction's (possibly split) loop,
+    and the template stores one output."""
+
+    side_outputs = False
 
     def __init__(self, root: Term) -> None:
         self.out_shape = tuple(root.meta.shape)
@@ -215,7 +262,9 @@ class ReductionSpace:
 
 class AttentionSpace:
     """One `attention` op (rules/recognize/attention.yaml) and nothing else: its
-    operands are the kernel's inputs."""
+    operands are the kernel's inputs. No side outputs (it has no other member)."""
+
+    side_outputs = False
 
     def __init__(self, root: Term) -> None:
         self.root = root
@@ -229,18 +278,117 @@ SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": 
                                             "attention": AttentionSpace}
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
     rule: Rule
     root: Term
     members: set[Term]
+    # What the kernel writes: the root, then the side outputs in graph order.
+    outputs: list[Term] = field(default_factory=list)
+    # Its place in `Order` once formed: the group is one node there.
+    rank: int = 0
+
+
+Node = Term | Group
+
+
+class Order:
+    """A topological order of the graph in which every group formed so far is one
+    node (`rank`: a term's or a group's position). It bounds the searches that keep
+    groups convex, and `commit` keeps it topological as groups form."""
+
+    def __init__(self, order: list[Term], consumers: dict[Term, list[Term]],
+                 owner: dict[Term, Group]) -> None:
+        self.ranks = {t: i for i, t in enumerate(order)}
+        self.consumers = consumers
+        self.owner = owner
+
+    def node(self, t: Term) -> Node:
+        return self.owner.get(t, t)
+
+    def rank(self, n: Node) -> int:
+        return n.rank if isinstance(n, Group) else self.ranks[n]
+
+    def _next(self, n: Node, forward: bool) -> list[Node]:
+        terms = n.members if isinstance(n, Group) else (n,)
+        near = [c for t in terms for c in (self.consumers.get(t, ()) if forward else t.args)]
+        inside = n.members if isinstance(n, Group) else ()
+        return [self.node(t) for t in near if t not in inside and t.op != "const"]
+
+    def _search(self, starts: list[Node], targets: set[Term], forward: bool,
+                bound: int) -> set[Node] | None:
+        """The nodes reachable from `starts` (forward: through users; else through
+        operands) whose rank stays within `bound` (<= forward, >= backward); None
+        as soon as one is in `targets` (terms of a group still growing)."""
+        seen: set[Node] = set()
+        stack = [n for n in starts if (self.rank(n) <= bound if forward else
+                                       self.rank(n) >= bound)]
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            if not isinstance(n, Group) and n in targets:
+                return None
+            seen.add(n)
+            for m in self._next(n, forward):
+                if m not in seen and (self.rank(m) <= bound if forward else
+                                      self.rank(m) >= bound):
+                    stack.append(m)
+        return seen
+
+    def may_join(self, t: Term, members: set[Term], top: int, exits: bool) -> bool:
+        """Whether `t`, an operand or a user of a member, may join `members` (of
+        highest rank `top`) without a cycle: no user of `t` outside the group reaches
+        it, and (once the group has side outputs, `exits`: otherwise its only way out
+        is the root, which nothing in the group depends on) no operand of `t`
+        depends on it."""
+        users = [self.node(c) for c in self.consumers.get(t, ()) if c not in members]
+        if users and self._search(users, members, True, top) is None:
+            return False
+        if not exits:
+            return True
+        operands = [self.node(a) for a in t.args if a not in members and a.op != "const"]
+        low = min(self.ranks[m] for m in members)
+        return self._search(operands, members, False, low) is not None
+
+    def commit(self, group: Group) -> None:
+        """Make the group one node, at its last member's place. Users of its outputs
+        that come before that (users of side outputs, or of the root when a user
+        joined) move after it, with what they reach up to there, and what the group
+        depends on moves before them (Pearce and Kelly's reordering: the same
+        places, dealt out again)."""
+        high = max(self.ranks[m] for m in group.members)
+        late = [self.node(c) for s in group.outputs for c in self.consumers.get(s, ())
+                if c not in group.members and self.rank(self.node(c)) < high]
+        group.rank = high
+        for m in group.members:
+            self.owner[m] = group
+        if not late:
+            return
+        after = self._search(late, set(), True, high)
+        assert after is not None
+        low = min(self.rank(n) for n in after)
+        before = self._search(self._next(group, False), set(), False, low)
+        assert before is not None
+        moved = sorted(before, key=self.rank) + [group] + sorted(after, key=self.rank)
+        places = sorted(self.rank(n) for n in moved)
+        for n, r in zip(moved, places, strict=True):
+            if isinstance(n, Group):
+                n.rank = r
+            else:
+                self.ranks[n] = r
 
 
 def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
          can_compile: Callable[[Term], bool], log: Callable[[str], None] | None = None
          ) -> tuple[Graph, Counter[str]]:
     """Group terms into `kernel` terms; returns the new graph and groups per rule."""
-    order = graph.terms()
+    # Topological, the graph's last outputs first: roots are visited from the end, so
+    # the caller's values (AOTAutograd returns them first, then what it saves for the
+    # backward) start groups first, and the saved values join them as side outputs
+    order = list(dict.fromkeys(graph.inputs))
+    order += postorder([o for o in reversed(graph.outputs) if o is not None],
+                       {t.uid for t in order})
     consumers: dict[Term, list[Term]] = {}
     for t in order:
         for a in t.args:
@@ -250,82 +398,141 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
     guards = GuardEval(GuardContext(users=lambda t: uses.get(t, 0), is_frozen=lambda t: False))
     ranked = sorted(rules, key=lambda r: -r.priority)
     owner: dict[Term, Group] = {}
+    places = Order(order, consumers, owner)
     groups: list[Group] = []
     fired: Counter[str] = Counter()
     for t in reversed(order):
         if t in owner or table.get(t.op) is None or not can_compile(t):
             continue
         for rule in ranked:
-            group = _try_rule(rule, t, table, consumers, outputs, owner, can_compile, guards)
+            group = _try_rule(rule, t, table, places, outputs, can_compile, guards)
             if group is not None:
                 groups.append(group)
-                for m in group.members:
-                    owner[m] = group
+                places.commit(group)
                 fired[rule.name] += 1
                 if log:
+                    side = len(group.outputs) - 1
                     log(f"{rule.name} @ {rule.location}: {len(group.members)} op(s) "
-                        f"-> kernel ({rule.template})")
+                        f"-> kernel ({rule.template})"
+                        + (f", {side} side output(s)" if side else ""))
                 break
     if not groups:
         return graph, fired
-    return _rebuild(graph, store, owner), fired
+    return _rebuild(graph, store, places), fired
 
 
-def _try_rule(rule: Rule, root: Term, table: OpTable, consumers: dict[Term, list[Term]],
-              outputs: set[Term], owner: dict[Term, Group], can_compile: Callable[[Term], bool],
-              guards: GuardEval) -> Group | None:
+def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: set[Term],
+              can_compile: Callable[[Term], bool], guards: GuardEval) -> Group | None:
     if next(Matcher(table).match(rule.pattern, root, {}), None) is None:
         return None
     assert rule.template is not None
     space = SPACES.get(rule.template, PointwiseSpace)(root)
     if not space.fits(root):
         return None
-    members = {root}
-    changed = True
-    while changed:
-        changed = False
-        for m in list(members):
-            if getattr(space, "stops_at", None) and space.stops_at(m):
-                continue
-            for a in m.args:
-                if a in members or a in owner or a in outputs:
-                    continue
-                info = table.get(a.op)
-                if info is None or info.category not in rule.grow or not can_compile(a):
-                    continue
-                if not space.fits(a):
-                    continue
-                if all(c in members for c in consumers.get(a, ())):
-                    members.add(a)
-                    changed = True
+    members = _grow(rule, root, space, table, places, outputs, can_compile)
     accepts = getattr(space, "accepts", None)  # a check on the whole group, if any
     if accepts is not None and not accepts(members):
         return None
+    side = sorted((m for m in members if m is not root and _used_outside(m, members, places,
+                                                                         outputs)),
+                  key=places.rank)
     env = {"root": root, "ops": len(members),
            "reductions": sum(m.op in ROW_REDUCTIONS for m in members),
-           "matmuls": sum(m.op in MATMULS for m in members)}
+           "matmuls": sum(m.op in MATMULS for m in members),
+           "outputs": 1 + len(side)}
     try:
         if not all(guards.check(g, env) for g, _ in rule.guards):
             return None
     except Undecided:
         return None
-    return Group(rule, root, members)
+    return Group(rule, root, members, [root, *side])
 
 
-def _rebuild(graph: Graph, store: TermStore, owner: dict[Term, Group]) -> Graph:
-    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
-        group = owner.get(t)
-        if group is None:
-            return None
-        # A member other than the root lives inside its group's kernel only.
-        return _kernel(group, store, new) if group.root is t else t
+def _used_outside(t: Term, members: set[Term], places: Order, outputs: set[Term]) -> bool:
+    return t in outputs or any(c not in members for c in places.consumers.get(t, ()))
 
-    return rebuild(graph, store, replace)
+
+def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
+          outputs: set[Term], can_compile: Callable[[Term], bool]) -> set[Term]:
+    """The root and the producers (and users) it takes in (see the module
+    docstring), members visited latest first, so that the group is the same on
+    every run."""
+    members = {root}
+    writes = getattr(space, "side_outputs", False)
+    stops_at = getattr(space, "stops_at", None)
+    top = places.rank(root)  # the highest rank among the members
+    exits = False  # has a member other than the root a user outside the group?
+
+    def joins(t: Term, user: bool) -> bool:
+        """Whether producer (or, `user`, consumer) `t` of a member may join now."""
+        info = table.get(t.op)
+        if t in members or t in places.owner or info is None \
+                or info.category not in rule.grow or not can_compile(t):
+            return False
+        if user:
+            # users computed from members alone (a cast of layer_norm's mean): one
+            # more output and no more inputs, so only its own users can close a cycle.
+            # Not reductions: one would fix a row kernel's layout from the side (a
+            # column sum read as rows), where its own kernel would choose better
+            return t.op not in ROW_REDUCTIONS \
+                and all(a in members or a.op == "const" for a in t.args) \
+                and space.can_output(t) \
+                and places.may_join(t, members, max(top, places.rank(t)), False)
+        shared = _used_outside(t, members, places, outputs)
+        if shared and not (writes and space.can_output(t)):
+            return False
+        return not (shared or exits) or places.may_join(t, members, top, exits)
+
+    changed = True
+    while changed:
+        changed = False
+        for m in sorted(members, key=places.rank, reverse=True):
+            if stops_at is not None and stops_at(m):
+                continue
+            # its producers; then, where the space takes side outputs, its users (not
+            # the root's: they were visited before it, as roots of their own groups)
+            near = [(a, False) for a in m.args]
+            if writes and m is not root:
+                near += [(c, True) for c in places.consumers.get(m, ())]
+            for t, user in near:
+                if not joins(t, user) or not space.fits(t):  # fits last: a space fixes
+                    continue                                  # its layout on the first fit
+                members.add(t)
+                top = max(top, places.rank(t))
+                changed = True
+                exits = any(u is not root and any(c not in members
+                                                  for c in places.consumers.get(u, ()))
+                            for u in members)
+    return members
+
+
+def _rebuild(graph: Graph, store: TermStore, places: Order) -> Graph:
+    """The graph with each group replaced by its kernel, built in `places`' order
+    (a group's operands all come before it there: a KeyError here is a bug of
+    `Order`, and the graph falls back to eager, never to a wrong result)."""
+    terms = graph.terms()
+    # leaves first: `Order` does not place constants (no search goes through them)
+    new = {t: t for t in terms if not t.args and t not in places.owner}
+    nodes = sorted({places.node(t) for t in terms if t not in new}, key=places.rank)
+    for n in nodes:
+        if isinstance(n, Group):
+            kernel = _kernel(n, store, new)
+            if len(n.outputs) == 1:
+                new[n.root] = kernel
+            for i, o in enumerate(n.outputs if len(n.outputs) > 1 else ()):
+                new[o] = store.make("getitem", [kernel], (("index", i),), meta=o.meta)
+        elif any(new[a] is not a for a in n.args):
+            new[n] = store.make(n.op, [new[a] for a in n.args], n.attrs, meta=n.meta)
+        else:
+            new[n] = n
+    return Graph(tuple(new[t] for t in graph.inputs),
+                 tuple(None if o is None else new[o] for o in graph.outputs))
 
 
 def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
     """The group as one `kernel` term: operands are its inputs, `body` the group
-    over `arg` placeholders (constants stay inline)."""
+    over `arg` placeholders (constants stay inline); with side outputs, `outputs`
+    the body terms it writes, and the kernel's value their tuple."""
     inputs: list[Term] = []
     body: dict[Term, Term] = {}
 
@@ -348,12 +555,26 @@ def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
         return out
 
     root = build(group.root)
+    for o in group.outputs:
+        build(o)  # a side output that is a user of members, not a producer of the root
     rule = group.rule
-    return store.make("kernel", [new.get(i, i) for i in inputs],
-                      (("rule", rule.name), ("template", rule.template),
-                       ("location", rule.location), ("body", root)), meta=group.root.meta)
+    attrs: tuple[tuple[str, Any], ...] = (
+        ("rule", rule.name), ("template", rule.template), ("location", rule.location),
+        ("body", root))
+    meta = group.root.meta
+    if len(group.outputs) > 1:
+        attrs += (("outputs", tuple(body[o] for o in group.outputs)),)
+        meta = Meta(kind="tuple", parts=tuple(o.meta for o in group.outputs))
+    return store.make("kernel", [new[i] for i in inputs], attrs, meta=meta)
 
 
 def body_terms(kernel: Term) -> list[Term]:
-    """A kernel's body in topological order (args and constants included)."""
-    return list(kernel.attr("body").walk())
+    """A kernel's body in topological order (args and constants included): what
+    its outputs need."""
+    return list(postorder(list(kernel_outputs(kernel)), set()))
+
+
+def kernel_outputs(kernel: Term) -> tuple[Term, ...]:
+    """The body terms a kernel writes: its root, then any side outputs (an
+    `outputs` attribute; a kernel without one writes its root alone)."""
+    return kernel.attr("outputs") or (kernel.attr("body"),)

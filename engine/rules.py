@@ -33,7 +33,7 @@ from .pattern import Compiler, Pattern, PCat, POp
 from .yamlio import load_yaml
 
 KINDS = ("recognize", "decompose", "simplify", "fold", "fuse")
-FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls")
+FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls", "outputs")
 # A rule name appears in generated code, logs and file names: letters, digits,
 # '-' and '_', starting with a letter, so kebab-case and snake_case both work and
 # nothing can quote, call, or climb out of a folder.
@@ -47,7 +47,8 @@ ATTR_FUNCS: dict[str, Any] = {
     "last_dims": lambda n: tuple(range(-n, 0)) if isinstance(n, int) else tuple(range(-len(n), 0)),
     "neg": lambda x: -x,
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
-    "dtype_of": lambda t: t.meta.dtype,
+    # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
+    "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
     "size_of": lambda t, d: t.meta.shape[d],
     # how many rows or columns make dim d of t a multiple of 8 values (16 bytes in half)
     "align_pad": lambda t, d: -t.meta.shape[d] % 8,

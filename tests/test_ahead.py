@@ -259,6 +259,13 @@ def _total(x: torch.Tensor) -> torch.Tensor:
     return (x * x).sum()
 
 
+def _side_output_read_by_a_kernel(x: torch.Tensor, r: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """y is a side output of one kernel (engine/fuse.py) and an input of the next."""
+    y = x + r
+    return torch.nn.functional.layer_norm(y, y.shape[-1:]), (y * 3.0).sum(0)
+
+
 def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, dtype=dtype, device=DEVICE)
 
@@ -269,6 +276,7 @@ CASES = {
     "row_then_column": (_softmax_then_sum, lambda: (_randn(8, 300),)),
     "looped_row": (_layer_norm, lambda: (_randn(3, 2500), _randn(2500), _randn(2500))),
     "split_reduction": (_total, lambda: (_randn(64, 1024),)),
+    "side_output": (_side_output_read_by_a_kernel, lambda: (_randn(8, 300), _randn(8, 300))),
 }
 
 

@@ -59,6 +59,22 @@ def linear_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tens
     return torch.relu(F.linear(x, w, b))
 
 
+# Kernels with a side output (engine/fuse.py): the grid comes after every output
+def pointwise_two(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.exp(x) * y
+    return a, torch.tanh(a) + 1.0
+
+
+def tiled_two(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z = torch.relu(a * 2.0 + b).contiguous()
+    return z, torch.sigmoid(z) * 3.0
+
+
+def residual_layer_norm(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r = x + y
+    return r, F.layer_norm(r, r.shape[-1:], y[0], y[1])
+
+
 CASES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[], tuple[torch.Tensor, ...]],
                        str, float]] = {
     "pointwise": (pointwise, lambda: (_rand(8, 33), _rand(33, seed=1)), "pointwise", 1e-5),
@@ -70,6 +86,12 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[], tuple[torch.Ten
     "matmul": (linear_relu, lambda: (_rand(20, 32, dtype=torch.float16),
                                      _rand(24, 32, dtype=torch.float16, seed=1),
                                      _rand(24, dtype=torch.float16, seed=2)), "matmul", 1e-2),
+    "pointwise_two": (pointwise_two, lambda: (_rand(8, 33), _rand(33, seed=1)), "pointwise",
+                      1e-5),
+    "tiled_two": (tiled_two, lambda: (
+        _rand(2, 16, 12, 12).contiguous(memory_format=torch.channels_last),
+        _rand(2, 16, 12, 12, seed=1)), "pointwise_tiled", 1e-5),
+    "row_two": (residual_layer_norm, lambda: (_rand(6, 40), _rand(6, 40, seed=1)), "row", 1e-5),
 }
 
 

@@ -183,7 +183,7 @@ def test_a_plan_that_fails_hands_back_to_the_full_path() -> None:
     def broken(*args):
         raise RuntimeError("launch failed")
 
-    axpy.plans = {key: launch._Plan(p.size, p.stride, p.dtype, broken, p.rest)
+    axpy.plans = {key: launch._Plan(p.outs, broken, p.rest)
                   for key, p in axpy.plans.items()}
     torch.testing.assert_close(axpy(x, y), x * 2.0 + y)
     assert axpy.plans is None and axpy.full == 2
@@ -210,6 +210,96 @@ def test_an_output_on_another_device_than_the_current_one_is_not_planned(
         x, y = torch.randn(4, 8), torch.randn(8)
         torch.testing.assert_close(axpy(x, y), x * 2.0 + y)
     assert axpy.full == 3 and axpy.plans == {}
+
+
+class AxpyAndSum(Launcher):
+    """A kernel of two outputs (engine/fuse.py: side outputs): x * 2 + y, and x + y
+    one value per row."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        super().__init__(spec=None, kernel=kernel,
+                         fallback=lambda x, y: (x * 2.0 + y, (x + y).sum(-1, keepdim=True)))
+        self.full = 0
+        self.plans = {}
+
+    def launch(self, x, y):
+        self.full += 1
+        out = torch.empty(x.shape, dtype=x.dtype)
+        out1 = torch.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+
+        def run(x, y, out, out1, n, scale) -> None:
+            self.kernel.runs += 1
+            out.copy_(x * scale + y)
+            out1.copy_((x + y).sum(-1, keepdim=True))
+
+        run(x, y, out, out1, out.numel(), 2.0)
+        if self.kernel.watch is not None:
+            self.kernel.watch.append((run, (x, y, out, out1, out.numel()), (2.0,)))
+        return out, out1
+
+
+def test_a_plan_allocates_every_output() -> None:
+    k = Kernel()
+    launcher = AxpyAndSum(k)
+    for _ in range(3):
+        x, y = torch.randn(4, 8), torch.randn(8)
+        got = launcher(x, y)
+        want = (x * 2.0 + y, (x + y).sum(-1, keepdim=True))
+        assert isinstance(got, tuple) and len(got) == 2
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert launcher.full == 1 and k.runs == 3
+    (plan,) = launcher.plans.values()
+    assert [size for size, _, _ in plan.outs] == [(4, 8), (4, 1)]
+
+
+class SumAndMean(SplitSum):
+    """Two outputs written by two launches through two kernels, with a scratch
+    tensor between them, the second output passed before the first: a `_Steps`
+    plan that allocates both outputs."""
+
+    def __init__(self, partial: Counted, combine: Counted) -> None:
+        super().__init__(partial, combine)
+        self.fallback = lambda x: (x.sum(0), x.mean(0, keepdim=True))
+
+    def launch(self, x):
+        self.full += 1
+        out = torch.empty(x.shape[1:], dtype=x.dtype)
+        out1 = torch.empty((1, *x.shape[1:]), dtype=x.dtype)
+        part = torch.empty((2, *x.shape[1:]), dtype=torch.float32)
+        if self.temps is not None:
+            self.temps.append(part)
+        half = x.shape[0] // 2
+
+        def partial(x, part, half):
+            part[0] = x[:half].float().sum(0)
+            part[1] = x[half:].float().sum(0)
+
+        def combine(part, out1, out, rows):
+            out.copy_(part.sum(0))
+            out1.copy_(part.sum(0, keepdim=True) / rows)
+
+        self.kernel.record(partial, (x, part, half))
+        self.combine.record(combine, (part, out1, out), (x.shape[0],))
+        return out, out1
+
+
+def test_several_launches_allocate_every_output() -> None:
+    both = SumAndMean(Counted(), Counted())
+    for rows in [6, 6, 8, 6, 8]:
+        x = torch.randn(rows, 5)
+        got = both(x)
+        assert isinstance(got, tuple) and len(got) == 2
+        torch.testing.assert_close(got[0], x.sum(0))
+        torch.testing.assert_close(got[1], x.mean(0, keepdim=True))
+    assert both.full == 2
+    assert all(isinstance(p, launch._Steps) and len(p.outs) == 2
+               for p in both.plans.values())
+    # each replay allocates its own outputs: two results alive at once differ
+    ra, rb = both(torch.ones(6, 5)), both(torch.full((6, 5), 2.0))
+    torch.testing.assert_close(ra[1], torch.ones(1, 5))
+    torch.testing.assert_close(rb[1], torch.full((1, 5), 2.0))
+    assert ra[0] is not rb[0] and ra[1] is not ra[0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
