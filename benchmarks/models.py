@@ -36,7 +36,8 @@ Columns (per model, mode and backend):
   docs/report.md#coverage) of every graph the backend compiled, ops weighted: of
   the ATen ops that are neither library calls (matrix products, convolutions,
   attention) nor views, the share computed inside generated kernels. What stays
-  outside is listed under each table, commonest first, and in the JSON (`coverage`).
+  outside is listed under each table, commonest first, with the lowest share of any
+  one graph, and in the JSON (`coverage`, `coverage.lowest_graph`).
 * host µs/kernel: host ms / kernels.
 * peak MB: `torch.cuda.max_memory_allocated()` over the timed steps (after
   `reset_peak_memory_stats()`), minus what was allocated before this backend compiled:
@@ -291,7 +292,13 @@ def coverage_of(backend: str, records: list[Any]) -> dict[str, Any] | None:
         return None
     from rewritec.coverage import Coverage
 
-    return sum((r.coverage() for r in records), Coverage()).to_json()
+    total = sum((r.coverage() for r in records), Coverage()).to_json()
+    # issue 22's target is per graph: the graph with the lowest share, by name
+    shares = [(c.share, r.name) for r in records if (c := r.coverage()).share is not None]
+    if shares:
+        share, name = min(shares)
+        total["lowest_graph"] = {"graph": name, "share": round(share, 4)}
+    return total
 
 
 def dynamo_counts() -> dict[str, int]:
@@ -545,7 +552,9 @@ def outside_lines(mode_groups: Sequence[Sequence[Row]], top: int = 10) -> list[s
                 ops = list(r.coverage["outside_ops"].items())
                 text = ", ".join(f"{op} {n}" for op, n in ops[:top]) or "nothing"
                 more = f", +{len(ops) - top} more" if len(ops) > top else ""
-                key = f"{fmt_share(r.coverage)} in kernels; outside: {text}{more}"
+                low = r.coverage.get("lowest_graph")
+                lowest = f" (lowest graph: {fmt_share(low)})" if low else ""
+                key = f"{fmt_share(r.coverage)} in kernels{lowest}; outside: {text}{more}"
                 same.setdefault(key, []).append(r.backend)
         lines += [f"- `{group[0].model}` ({', '.join(b)}): {key}" for key, b in same.items()]
     title = f"Outside kernels (rewritec; ops after rewriting, the {top} commonest):"

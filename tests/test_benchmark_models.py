@@ -123,15 +123,15 @@ def test_summary_compares_with_inductors_best_and_counts_regressions() -> None:
 def test_coverage_adds_up_the_graphs_and_lists_what_stays_outside() -> None:
     from rewritec.report import GraphRecord
 
-    def graph(inside: dict[str, int], outside: dict[str, int], status: str = "compiled"
-              ) -> GraphRecord:
-        rec = GraphRecord(name="g", kind="forward", status=status, kernels=[{"ops": inside}])
+    def graph(inside: dict[str, int], outside: dict[str, int], status: str = "compiled",
+              name: str = "g") -> GraphRecord:
+        rec = GraphRecord(name=name, kind="forward", status=status, kernels=[{"ops": inside}])
         rec.fallback_ops.update(outside)
         return rec
 
     records = [graph({"add": 6, "mm": 1, "view": 2}, {"cumsum": 1, "addmm": 2}),
-               graph({"mul": 2}, {"_to_copy": 3, "cumsum": 1, "t": 4}),
-               graph({"relu": 5}, {"relu": 5}, status="fallback")]
+               graph({"mul": 2}, {"_to_copy": 3, "cumsum": 1, "t": 4}, name="g1"),
+               graph({"relu": 5}, {"relu": 5}, status="fallback", name="g2")]
     assert models.coverage_of("eager", records) is None
     cov = models.coverage_of("rewritec-ro", records)
     assert cov is not None
@@ -139,6 +139,8 @@ def test_coverage_adds_up_the_graphs_and_lists_what_stays_outside() -> None:
     assert (cov["in_kernels"], cov["outside"], cov["share"]) == (8, 10, round(8 / 18, 4))
     assert cov["outside_ops"] == {"relu": 5, "_to_copy": 3, "cumsum": 2}
     assert cov["excluded"] == {"extern": 3, "no_kernel": 6}
+    # per graph: 6/7, 2/6 and the fallback's 0/5: the lowest is the fallback's
+    assert cov["lowest_graph"] == {"graph": "g2", "share": 0.0}
     ops = {f"op{i}": 20 - i for i in range(12)}
     rows = [Row("m", "llm", "train", "eager", ms=1.0),
             Row("m", "llm", "train", "rewritec", ms=1.0, coverage=cov),
@@ -147,8 +149,8 @@ def test_coverage_adds_up_the_graphs_and_lists_what_stays_outside() -> None:
                 coverage={"share": 0.5, "outside_ops": ops})]
     text = markdown(rows, env())
     assert "| 44.4% |" in text and "| 50.0% |" in text
-    assert ("- `m` (rewritec, rewritec-ro): 44.4% in kernels; outside: relu 5, _to_copy 3, "
-            "cumsum 2\n") in text
+    assert ("- `m` (rewritec, rewritec-ro): 44.4% in kernels (lowest graph: 0.0%); "
+            "outside: relu 5, _to_copy 3, cumsum 2\n") in text
     assert "op9 11, +2 more" in text and "op10" not in text
 
 
