@@ -159,7 +159,7 @@ class _Plan:
     def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
         outs = [_plan_alloc(*o) for o in self.outs]
         self.run(*inputs, *outs, *self.rest)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _result(outs)
 
 
 # An argument of a learned launch (`_Steps`): the n-th input, the n-th output, the
@@ -186,11 +186,16 @@ class _Steps:
         for run, slots in self.steps:
             run(*[inputs[v] if k == _IN else outs[v] if k == _OUT else temps[v]
                   if k == _TEMP else v for k, v in slots])
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _result(outs)
 
 
 # The plan of a signature whose launch cannot be replayed: launch it the full way
 NO_PLAN: Any = object()
+
+
+def _result(outs: list[torch.Tensor]) -> Result:
+    """What a launch returns: the one output itself, or the tuple of several."""
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _alloc_of(t: torch.Tensor) -> _Alloc:
@@ -209,6 +214,8 @@ def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...],
                 a is b for a, b in zip(args[:n + k], (*inputs, *outs), strict=True)) \
                 and not any(isinstance(a, torch.Tensor) for a in rest):
             return _Plan(tuple(_alloc_of(o) for o in outs), run, (*rest, *tail))
+    if any(t.device != outs[0].device for t in temps):
+        return NO_PLAN  # a plan allocates on the current device only
     ids = {id(x): (_IN, i) for i, x in reversed(list(enumerate(inputs)))}
     ids.update({id(t): (_TEMP, j) for j, t in enumerate(temps)})
     ids.update({id(o): (_OUT, j) for j, o in enumerate(outs)})
@@ -224,8 +231,6 @@ def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...],
             else:
                 slots.append((_VALUE, a))
         steps.append((run, tuple(slots)))
-    if any(t.device != outs[0].device for t in temps):
-        return NO_PLAN  # a plan allocates on the current device only
     return _Steps(tuple(_alloc_of(o) for o in outs), tuple(_alloc_of(t) for t in temps),
                   tuple(steps))
 
@@ -282,7 +287,7 @@ class CppLauncher(Launcher):
         if g.numel:
             self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs],
                     *g.cpp_ints)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _result(outs)
 
 
 class TritonLauncher(Launcher):
@@ -299,7 +304,7 @@ class TritonLauncher(Launcher):
         g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
         if g.numel:
             self._run(g, outs, tensors)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _result(outs)
 
     def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
              ) -> None:
