@@ -357,8 +357,7 @@ def _same_place(key: str, value: Any, src: Term) -> bool:
     if key == "layout":
         return shown == "torch.strided"
     if key == "device":
-        return shown == src.meta.device or src.meta.device.startswith(shown + ":") \
-            or (shown == "cuda" and src.meta.device == "cuda")
+        return shown == src.meta.device or src.meta.device.startswith(shown + ":")
     return False
 
 
@@ -384,11 +383,10 @@ def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
     if a.meta.dtype not in FLOATS:
         return False
     if t.meta.dtype == "b8":
-        # comparisons of one float dtype (mixed, ATen would round one side first)
-        others = [b.meta.dtype for b in t.args if b.op != "const"]
         if t.op in LOGICAL:  # bitwise ops of floats do not exist; logical ones test != 0
             return t.op.startswith("logical")
-        return all(d == a.meta.dtype for d in others)
+        # comparisons of one float dtype (mixed, ATen would round one side first)
+        return all(b.meta.dtype == a.meta.dtype for b in t.args if b.op != "const")
     return a.meta.dtype == t.meta.dtype or _widens(a.meta.dtype, t.meta.dtype)
 
 
