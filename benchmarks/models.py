@@ -292,9 +292,10 @@ def coverage_of(backend: str, records: list[Any]) -> dict[str, Any] | None:
         return None
     from rewritec.coverage import Coverage
 
-    total = sum((r.coverage() for r in records), Coverage()).to_json()
+    per_graph = [(r.name, r.coverage()) for r in records]
+    total = sum((c for _, c in per_graph), Coverage()).to_json()
     # issue 22's target is per graph: the graph with the lowest share, by name
-    shares = [(c.share, r.name) for r in records if (c := r.coverage()).share is not None]
+    shares = [(c.share, name) for name, c in per_graph if c.share is not None]
     if shares:
         share, name = min(shares)
         total["lowest_graph"] = {"graph": name, "share": round(share, 4)}
