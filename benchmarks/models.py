@@ -691,17 +691,23 @@ def version(package: str) -> str:
         return "not installed"
 
 
-def environment(settings: Settings, argv: Sequence[str]) -> dict[str, Any]:
-    name = torch.cuda.get_device_name(settings.device) if settings.cuda else "CPU"
+def environment_common(device: torch.device, command: Sequence[str]) -> dict[str, Any]:
+    """Device, versions, commit and date: what every results file of a suite names."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO_ROOT,
                             capture_output=True, text=True).stdout.strip() or "unknown"
-    return {"device_name": f"{name} ({device_slug(settings.device)})", "torch": torch.__version__,
+    return {"device_name": f"{name} ({device_slug(device)})", "torch": torch.__version__,
             "triton": version("triton"), "transformers": version("transformers"),
             "timm": version("timm"), "python": sys.version.split()[0], "git_commit": commit,
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": " ".join(["python -m benchmarks.models", *argv]),
-            "steps": settings.steps, "warmup": settings.warmup, "tiny": settings.tiny,
-            "dtype": dtype_name(settings.dtype)}
+            "command": " ".join(command)}
+
+
+def environment(settings: Settings, argv: Sequence[str]) -> dict[str, Any]:
+    env = environment_common(settings.device, ["python -m benchmarks.models", *argv])
+    env.update(steps=settings.steps, warmup=settings.warmup, tiny=settings.tiny,
+               dtype=dtype_name(settings.dtype))
+    return env
 
 
 def write_results(rows: Sequence[Row], env: dict[str, Any], out: Path) -> str:
