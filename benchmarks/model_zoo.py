@@ -71,12 +71,14 @@ def _logits(m: torch.nn.Module, x: Inputs) -> torch.Tensor:
 
 
 def _lm_loss(m: torch.nn.Module, x: Inputs) -> torch.Tensor:
-    return m(**x, labels=x["input_ids"]).loss
+    # a training step keeps no KV cache: with one, every layer's first `update` is a
+    # guard Dynamo recompiles on, and a graph split into blocks hits its recompile limit
+    return m(**x, labels=x["input_ids"], use_cache=False).loss
 
 
 def _seq2seq_loss(m: torch.nn.Module, x: Inputs) -> torch.Tensor:
     # labels make T5 build its own decoder inputs (labels shifted right)
-    return m(input_ids=x["input_ids"], labels=x["decoder_input_ids"]).loss
+    return m(input_ids=x["input_ids"], labels=x["decoder_input_ids"], use_cache=False).loss
 
 
 def _hf_built(model: torch.nn.Module, vocab: int, seq: int, decoder: bool = False) -> Built:
