@@ -48,10 +48,15 @@ def decomposition_table() -> dict[Any, Any]:
         op = overload(name)
         table.pop(op, None)
         table.pop(op.overloadpacket, None)
-    # Keep whole the backward ops the rules and kernels treat as one step.
+    # Keep whole the backward ops the rules and kernels treat as one step, and
+    # embedding's: its decomposition is an accumulating index_put, which ATen runs
+    # one index at a time per destination row, so an embedding of few rows read
+    # many times (T5's relative position buckets) took longer than the rest of the
+    # training step; ATen's own backward sorts the indices and sums by segment.
     for keep in (torch.ops.aten.native_layer_norm_backward.default,
                  torch.ops.aten._softmax_backward_data.default,
-                 torch.ops.aten.convolution_backward.default):
+                 torch.ops.aten.convolution_backward.default,
+                 torch.ops.aten.embedding_dense_backward.default):
         table.pop(keep, None)
     # Core ATen rewrites the CPU flash-attention op into the math attention, whose
     # second output is the attention weights; the op's backward reads that output as
