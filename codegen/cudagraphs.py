@@ -32,6 +32,8 @@ The runner keeps results exactly as without it:
 
 from __future__ import annotations
 
+import contextlib
+
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -377,6 +379,25 @@ class CudaGraphRunner:
         pool = self.pool
         if pool is not None and pool.handle is None:
             pool.handle = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=None if pool is None else pool.handle):
-            outputs = self.fn(list(inputs))
+        try:
+            with torch.cuda.graph(graph, pool=None if pool is None else pool.handle):
+                outputs = self.fn(list(inputs))
+        except BaseException:
+            _after_failed_capture(graph)
+            raise
         return graph.replay, outputs
+
+
+def _after_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """Undo what a capture that CUDA invalidated (a synchronising call inside it) leaves
+    behind: its end then raises before the allocator stops sending this thread's
+    allocations to the graph's pool, and before the default generator leaves capture
+    mode, so every later random op on the device failed ("Offset increment outside
+    graph capture") and the process was lost for every model after it."""
+    device = torch.cuda.current_device()
+    with contextlib.suppress(RuntimeError):  # already ended when the capture itself ended
+        torch._C._cuda_endAllocateToPool(device, graph.pool())
+    gen = torch.cuda.default_generators[device]
+    with contextlib.suppress(RuntimeError, AttributeError):
+        # a fresh copy of the state: the same seed and offset, out of capture mode
+        gen.graphsafe_set_state(gen.clone_state())

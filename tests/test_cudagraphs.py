@@ -451,3 +451,29 @@ def test_reduce_overhead_runs_what_it_cannot_replay_plainly(dynamic: bool) -> No
         torch.testing.assert_close(view, view_ref)
         torch.testing.assert_close(s1, s2)
         torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+
+
+@cuda
+def test_a_capture_cuda_invalidates_leaves_random_numbers_and_memory_working() -> None:
+    """A graph whose capture CUDA invalidates (a copy to the host inside it) after a
+    random op: the runner runs it plainly from then on, and random numbers and
+    allocations work afterwards as before (they failed once a capture died)."""
+    def fn(args: list[torch.Tensor]) -> torch.Tensor:
+        x = args[0]
+        noise = torch.rand_like(x)
+        scale = float(x.abs().max().cpu())  # synchronises: invalid inside a capture
+        return x * scale + noise * 0
+
+    runner = CudaGraphRunner(fn, [False], "on")
+    x = torch.randn(64, device="cuda")
+    want = x * x.abs().max()
+    for _ in range(3):  # plain, then the capture that fails, then plain
+        torch.testing.assert_close(runner([x]), want)
+    assert runner.disabled is not None and "capture failed" in runner.disabled
+    torch.manual_seed(3)
+    a = torch.rand(1000, device="cuda")
+    torch.manual_seed(3)
+    torch.testing.assert_close(torch.rand(1000, device="cuda"), a)
+    big = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # plain allocator again
+    del big
+    torch.cuda.synchronize()
