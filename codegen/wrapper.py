@@ -42,6 +42,9 @@ class Emitter:
         self.globals: dict[str, Any] = namespace()
         self.names: dict[Term, str] = {}
         self._bound: dict[int, str] = {}
+        # constants this line reads from a device copy made once (`host_copies`)
+        self.moved: dict[Term, str] = {}
+        self._device_copies: dict[tuple[Term, str], str] = {}
 
     def bind(self, obj: Any, prefix: str = "_g") -> str:
         key = id(obj)
@@ -78,9 +81,18 @@ class Emitter:
     def value(self, t: Term) -> str:
         if t.op == "const":
             return self.literal(t.value)
+        if t in self.moved:
+            return self.moved[t]
         if t.op == "tensor":
             return self.bind(t.attr("value").value, "_c")
         return self.names[t]
+
+    def on_device(self, t: Term, device: str) -> str:
+        """The name of constant `t` copied to `device` once, when the wrapper is built."""
+        key = (t, device)
+        if key not in self._device_copies:
+            self._device_copies[key] = self.bind(t.attr("value").value.to(device), "_c")
+        return self._device_copies[key]
 
     def args(self, spec: Any, operands: list[Term]) -> str:
         if isinstance(spec, Slot):
@@ -96,9 +108,29 @@ def aten_line(em: Emitter, bridge: Bridge, term: Term, target: str) -> str:
     if term.op == "getitem":
         return f"{target} = {em.value(term.args[0])}[{int(term.attr('index'))}]"
     fn, args, kwargs, order = bridge.call_parts(term)
+    em.moved = host_copies(em, fn, order, term)
     parts = [em.args(a, order) for a in args]
     parts += [f"{k}={em.args(v, order)}" for k, v in kwargs.items()]
+    em.moved = {}
     return f"{target} = {em.callable_name(fn)}({', '.join(parts)})"
+
+
+# A copy from host memory in every call synchronises with the device and cannot be
+# recorded in a CUDA graph (T5's `decoder_start_token_id` is such a 0-dim constant);
+# up to this many values, the constant is copied to the device once instead.
+HOST_COPY_MAX = 1 << 16
+
+
+def host_copies(em: Emitter, fn: Any, order: list[Term], term: Term) -> dict[Term, str]:
+    """For a `copy` onto a GPU tensor from a host constant: the constant's device copy."""
+    if callable_label(fn) not in ("copy", "copy_") or len(order) < 2:
+        return {}
+    src, device = order[1], term.meta.device
+    value = src.attr("value").value if src.op == "tensor" else None
+    if (not isinstance(value, torch.Tensor) or value.device.type != "cpu"
+            or device == "cpu" or value.numel() > HOST_COPY_MAX):
+        return {}
+    return {src: em.on_device(src, device)}
 
 
 def op_label(bridge: Bridge, term: Term) -> str:

@@ -477,3 +477,21 @@ def test_a_capture_cuda_invalidates_leaves_random_numbers_and_memory_working() -
     big = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # plain allocator again
     del big
     torch.cuda.synchronize()
+
+
+@cuda
+def test_a_copy_from_a_host_constant_is_replayed() -> None:
+    """T5's shift-right writes a 0-dim CPU constant into a GPU tensor; the wrapper
+    copies the constant to the device once, so the graph can be recorded."""
+    def shift_right(ids: torch.Tensor) -> torch.Tensor:
+        out = ids.new_zeros(ids.shape)
+        out[..., 1:] = ids[..., :-1].clone()
+        out[..., 0] = torch.tensor(7)
+        return out * 2
+
+    compiled = rewritec.compile(shift_right, cudagraphs="on", strict=True)
+    for _ in range(4):
+        ids = torch.randint(100, (3, 9), device="cuda")
+        torch.testing.assert_close(compiled(ids), shift_right(ids))
+    assert any("recorded" in r.cudagraphs for r in report.RECORDS), \
+        [r.cudagraphs for r in report.RECORDS]
