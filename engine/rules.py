@@ -50,6 +50,9 @@ ATTR_FUNCS: dict[str, Any] = {
     # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
     "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
     "size_of": lambda t, d: t.meta.shape[d],
+    # a term's shape (or a shape) with a size-1 dim inserted at d, as unsqueeze does
+    "unsqueezed": lambda t, d: _unsqueezed(tuple(t.meta.shape) if hasattr(t, "meta")
+                                           else tuple(t), d),
     # how many rows or columns make dim d of t a multiple of 8 values (16 bytes in half)
     "align_pad": lambda t, d: -t.meta.shape[d] % 8,
     # the epsilon rms_norm adds when given none: its compute dtype's (f32 for halves)
@@ -59,6 +62,11 @@ ATTR_FUNCS: dict[str, Any] = {
     # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t
     "channel_bcast": lambda t: (-1,) + (1,) * (t.meta.rank - 2),
 }
+
+
+def _unsqueezed(shape: tuple[Any, ...], d: int) -> tuple[Any, ...]:
+    d = d + len(shape) + 1 if d < 0 else d
+    return shape[:d] + (1,) + shape[d:]
 
 
 @dataclass(frozen=True, eq=False)

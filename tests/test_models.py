@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from rewritec import report
 from models import (
     COMPILERS,
     MLP,
@@ -64,6 +65,16 @@ def test_mlp_float64() -> None:
 def test_cnn_train() -> None:
     # Train mode: batch statistics, and running stats updated in place (buffers compared).
     check_module(SmallCNN().train(), [_randn(4, 3, 8, 8)], compile_strict)
+
+
+def test_unsqueeze_unsqueeze_in_batch_norm_backward() -> None:
+    # core ATen's batch_norm backward broadcasts per-channel vectors by unsqueeze
+    # chains: each becomes one view, and the step still matches eager
+    start = len(report.RECORDS)
+    check_module(SmallCNN().train(), [_randn(4, 3, 8, 8)], compile_strict)
+    backward = [r for r in report.RECORDS[start:] if r.kind == "backward"]
+    assert backward and all(r.rules_fired.get("unsqueeze-unsqueeze", 0) > 0 for r in backward)
+    assert not any(r.fallback_ops.get("unsqueeze") for r in backward)
 
 
 def test_cnn_eval() -> None:
