@@ -2,15 +2,23 @@
 
 Used by `rewritec compile SCRIPT` when SCRIPT defines module-level `model`
 and `example_inputs` without calling torch.compile itself.
+
+The exported graph goes through AOTAutograd with the table Dynamo's graphs get
+(frontend/decompositions.py), not through `ExportedProgram.run_decompositions`:
+export keeps CompositeImplicitAutograd ops whole (`aten.linear`, `aten.softmax.int`),
+which no rule knows, and AOTAutograd decomposes them as it does under
+torch.compile, so a model reaches the same rules and kernels on both paths
+(tests/test_export_parity.py).
 """
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch.export.graph_signature import InputKind, OutputKind
 
 from ..compiler import compile_fx
 from ..options import Options
@@ -22,42 +30,63 @@ class ExportedProgram:
 
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...],
                  opts: Options) -> None:
-        ep = torch.export.export(model, tuple(example_inputs))
-        with warnings.catch_warnings():
-            # torch 2.13's run_decompositions deep-copies its own LeafSpecs, which warns
-            # that LeafSpec is deprecated: nothing a user of rewritec can act on
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
-                                    category=FutureWarning)
-            ep = ep.run_decompositions(decomposition_table())
-        self.ep = ep
-        gm = ep.graph_module
-        state = dict(ep.state_dict)
-        self._lifted: list[Any] = []  # per placeholder: a tensor, or None for a user input
-        params: list[bool] = []
-        for spec in ep.graph_signature.input_specs:
-            if spec.kind == InputKind.USER_INPUT:
-                self._lifted.append(None)
-                params.append(False)
-            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                self._lifted.append(state[spec.target] if spec.target in state
-                                    else ep.constants[spec.target])
-                params.append(spec.kind == InputKind.PARAMETER)
-            else:
-                self._lifted.append(ep.constants[spec.target])
-                params.append(False)
-        fakes = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-        self.fn = compile_fx(gm, fakes, opts, kind="export", params=params,
-                             param_values=self._lifted)
+        self.ep = ep = torch.export.export(model, tuple(example_inputs))
+        self._lifted, params = _lifted_inputs(ep)
         self.out_spec = ep.call_spec.out_spec
+        self._n_user_outs = sum(s.kind == OutputKind.USER_OUTPUT
+                                for s in ep.graph_signature.output_specs)
+        args = self._args(example_inputs)
+        self.fn = _compile_inference(ep.graph_module, args, opts, params)
+
+    def _args(self, inputs: tuple[Any, ...]) -> list[Any]:
+        user = iter(inputs)
+        return [next(user) if t is None else t for t in self._lifted]
 
     def __call__(self, *inputs: Any) -> Any:
-        user = iter(inputs)
-        args = [next(user) if t is None else t for t in self._lifted]
-        flat = self.fn(args)
-        n_user_outs = len([s for s in self.ep.graph_signature.output_specs
-                           if s.kind.name == "USER_OUTPUT"])
-        flat = list(flat)[-n_user_outs:] if n_user_outs else []
+        with torch.no_grad():
+            flat = self.fn(*self._args(inputs))
+        flat = list(flat)[-self._n_user_outs:] if self._n_user_outs else []
         return torch.utils._pytree.tree_unflatten(flat, self.out_spec)
+
+
+def _lifted_inputs(ep: torch.export.ExportedProgram) -> tuple[list[Any], list[bool]]:
+    """Per placeholder of the exported graph: the tensor export lifted into it
+    (a parameter, buffer or constant), or None for a user input; and whether it is a
+    parameter or buffer (what freezing may fold, as on Dynamo's path)."""
+    state = dict(ep.state_dict)
+    lifted: list[Any] = []
+    params: list[bool] = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            lifted.append(None)
+            params.append(False)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            lifted.append(state[spec.target] if spec.target in state
+                          else ep.constants[spec.target])
+            params.append(True)
+        else:
+            lifted.append(ep.constants[spec.target])
+            params.append(False)
+    return lifted, params
+
+
+def _compile_inference(gm: torch.fx.GraphModule, args: list[Any], opts: Options,
+                       params: list[bool]) -> Any:
+    """AOTAutograd traces the exported graph without grad (an inference graph, as
+    Dynamo's path gets under no_grad) and compiler.compile_fx compiles it."""
+    # named as AOTAutograd's compiler protocol names them
+    def inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        aligned = len(example_inputs) == len(args)
+        return compile_fx(gm, list(example_inputs), opts, kind="export", params=params,
+                          param_values=args if aligned else None)
+
+    def no_backward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        raise AssertionError("an exported program compiles for inference only")
+
+    with torch.no_grad():
+        return aot_module_simplified(gm, args, fw_compiler=no_backward,
+                                     bw_compiler=no_backward, inference_compiler=inference,
+                                     decompositions=decomposition_table())
 
 
 def export_and_compile(model: torch.nn.Module, example_inputs: tuple[Any, ...],
