@@ -16,6 +16,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ from .engine.errors import CompileError, RewritecError
 from .engine.term import Graph
 from .frontend.aten import Bridge
 from .frontend.convert import fx_to_terms
+from .frontend.regions import CALL_LABEL as REGION_CALL
+from .frontend.regions import compile_regions, has_regions
 from .options import Options
 
 if TYPE_CHECKING:
@@ -120,7 +123,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
             fn = FrozenGuard(frozen, fn, unfrozen)
         guarded = fn
         fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec, pool)
-        if keep is not None and not parts["kernel_fallbacks"]:
+        # a compiled region lives in this process only: the graph cache cannot hold it
+        if keep is not None and not parts["kernel_fallbacks"] and "regional" not in parts:
             from .frontend.graph_cache import Artifact
 
             keep(Artifact(name=name, source=parts["lowered"].source,
@@ -133,12 +137,20 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         warnings.warn(f"rewritec: graph {name} falls back to eager ATen: {reason}",
                       RewritecWarning, stacklevel=user_stacklevel())
         rec.status, rec.reason = "fallback", reason
-        rec.fallback_ops = fx_ops(gm)
-        fn = _boxed(gm.forward)
+        runs = parts.get("regional", gm)  # its compiled regions, if it got that far
+        rec.fallback_ops = fx_ops(runs)
+        fn = _boxed(runs.forward)
     rec.compile_seconds = time.perf_counter() - start
     if opts.out_dir:
         _update_report(opts, rec)
     return fn
+
+
+def _compile_region(opts: Options, sub: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """A region (frontend/regions.py) compiles as a graph of its own; the graph that
+    calls it decides on CUDA-graph replay."""
+    return compile_fx(sub, example_inputs, dataclasses.replace(opts, cudagraphs="off"),
+                      kind="region")
 
 
 def _update_report(opts: Options, rec: report.GraphRecord) -> None:
@@ -304,6 +316,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     parts = {} if parts is None else parts
     parts["steps"] = {}
     parts["kernel_fallbacks"] = 0
+    captured = gm
+    if has_regions(gm):
+        # each distinct region compiled once (frontend/regions.py); gm calls them
+        gm = parts["regional"] = compile_regions(gm, partial(_compile_region, opts))
     bridge = Bridge(_fake_mode(example_inputs))
     conv = fx_to_terms(gm, bridge, params, frozen)
     graph = conv.graph
@@ -346,12 +362,13 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=clones,
                     launchers=launchers)
     rec.fallback_ops.update(lowered.fallback_ops)
+    rec.fallback_ops.pop(REGION_CALL, None)
     parts["lowered"] = lowered
     if opts.out_dir:
         out = Path(opts.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         files = {
-            "captured": (f"{name}.captured.txt", gm.print_readable(print_output=False)),
+            "captured": (f"{name}.captured.txt", captured.print_readable(print_output=False)),
             "final": (f"{name}.final.txt", dump_graph(graph)),
             "wrapper": (f"{name}.wrapper.py", lowered.source),
         }

@@ -24,7 +24,7 @@ from .coverage import Coverage, measure, top_outside
 @dataclass
 class GraphRecord:
     name: str
-    kind: str  # forward | backward | inference | export
+    kind: str  # forward | backward | inference | export | region
     status: str = "compiled"  # compiled | fallback
     reason: str | None = None
     nodes_in: int = 0

@@ -22,6 +22,7 @@ import torch.fx
 
 from ..engine.term import Graph, Term, TermStore, freeze
 from .aten import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
+from .regions import Region
 
 
 class Unsupported(Exception):
@@ -145,7 +146,9 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         return _generic(node, "aten", target, env, store, meta, nonce)
     if callable(target):
         label = getattr(target, "__name__", type(target).__name__)
-        return _generic(node, "call", Opaque(target, label), env, store, meta, ())
+        # two calls of a region are never one term: a region may draw random numbers
+        nonce = (("nonce", node.name),) if isinstance(target, Region) else ()
+        return _generic(node, "call", Opaque(target, label), env, store, meta, nonce)
     raise Unsupported(f"call target {target!r}")
 
 
