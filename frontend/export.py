@@ -21,6 +21,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..compiler import compile_fx
+from ..engine.errors import RewritecError
 from ..options import Options
 from .decompositions import decomposition_table
 
@@ -30,7 +31,7 @@ class ExportedProgram:
 
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...],
                  opts: Options) -> None:
-        self.ep = ep = torch.export.export(model, tuple(example_inputs))
+        self.ep = ep = _export(model, tuple(example_inputs))
         self._lifted, params = _lifted_inputs(ep)
         self.out_spec = ep.call_spec.out_spec
         self._n_user_outs = sum(s.kind == OutputKind.USER_OUTPUT
@@ -47,6 +48,18 @@ class ExportedProgram:
             flat = self.fn(*self._args(inputs))
         flat = list(flat)[-self._n_user_outs:] if self._n_user_outs else []
         return torch.utils._pytree.tree_unflatten(flat, self.out_spec)
+
+
+def _export(model: torch.nn.Module, example_inputs: tuple[Any, ...]
+            ) -> torch.export.ExportedProgram:
+    """torch.export, whose failure (data-dependent control flow, inputs that do not
+    fit) is one line naming the model, not a trace through the exporter."""
+    try:
+        return torch.export.export(model, example_inputs)
+    except Exception as e:  # noqa: BLE001 - whatever the exporter raises
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        raise RewritecError(f"torch.export cannot export {type(model).__name__}: "
+                            f"{type(e).__name__}: {lines[0] if lines else ''}") from e
 
 
 def _lifted_inputs(ep: torch.export.ExportedProgram) -> tuple[list[Any], list[bool]]:

@@ -24,6 +24,7 @@ from torch import nn
 
 from rewritec import report
 from rewritec.benchmarks.model_zoo import BY_NAME, TINY_BATCH
+from rewritec.engine.errors import RewritecError
 from rewritec.frontend.export import export_and_compile
 from rewritec.options import Options
 
@@ -138,3 +139,14 @@ def test_encoder_fast_path_is_the_models_choice() -> None:
     assert paths["torch.compile"][2]["_transformer_encoder_layer_fwd"] == 2
     assert paths["export"][1] > paths["torch.compile"][1]
 
+
+
+class Branchy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sin() if x.sum() > 0 else x.cos()  # data-dependent: export refuses it
+
+
+def test_a_model_export_refuses_is_one_clear_error() -> None:
+    with pytest.raises(RewritecError, match=r"^torch.export cannot export Branchy: \w+") as e:
+        export_and_compile(Branchy(), (torch.randn(4),), Options.make())
+    assert len(str(e.value).splitlines()) == 1
