@@ -103,8 +103,9 @@ def build_bert(tiny: bool) -> Built:
     return _hf_built(BertForMaskedLM(cfg), cfg.vocab_size, 32 if tiny else 512)
 
 
-def build_llama(tiny: bool) -> Built:
-    """Llama-style: RMSNorm, rotary, SwiGLU, grouped-query attention (4 kv heads of 16)."""
+def build_llama(tiny: bool, layers: int | None = None) -> Built:
+    """Llama-style: RMSNorm, rotary, SwiGLU, grouped-query attention (4 kv heads of 16).
+    `layers` overrides the config's depth (benchmarks/regional.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if tiny:
@@ -115,6 +116,8 @@ def build_llama(tiny: bool) -> Built:
         size = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                     num_key_value_heads=4, intermediate_size=2816, vocab_size=32000,
                     max_position_embeddings=2048)
+    if layers is not None:
+        size["num_hidden_layers"] = layers
     cfg = LlamaConfig(attention_dropout=0.0, **size)
     return _hf_built(LlamaForCausalLM(cfg), cfg.vocab_size, 32 if tiny else 512)
 
