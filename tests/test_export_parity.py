@@ -2,11 +2,15 @@
 what `rewritec compile` does with a script's `model`) reaches the same rules and
 kernels as through `torch.compile(backend="rewritec")`, and both equal eager.
 
-The one difference this suite knows of is the model's, not rewritec's: under
-torch.compile and no_grad, nn.TransformerEncoderLayer takes its inference fast path
-(one ATen op, `_transformer_encoder_layer_fwd`, that no rule decomposes), while
-export traces the layer's Python math. The encoder is compared with that fast path
-off, and `test_encoder_fast_path_is_the_models_choice` pins the difference.
+The differences this suite knows of are the models', not rewritec's: a model that
+asks whether it is being exported takes another path.
+- Under torch.compile and no_grad, nn.TransformerEncoderLayer takes its inference fast
+  path (one ATen op, `_transformer_encoder_layer_fwd`, that no rule decomposes), while
+  export traces the layer's Python math. The encoder is compared with that fast path
+  off, and `test_encoder_fast_path_is_the_models_choice` pins the difference.
+- transformers' BERT builds its padding mask only under export (masking_utils skips
+  an all-ones mask unless `is_torchdynamo_exporting()`):
+  `test_bert_builds_its_mask_under_export_only`.
 """
 
 from __future__ import annotations
@@ -139,6 +143,17 @@ def test_encoder_fast_path_is_the_models_choice() -> None:
     assert paths["torch.compile"][2]["_transformer_encoder_layer_fwd"] == 2
     assert paths["export"][1] > paths["torch.compile"][1]
 
+
+
+def test_bert_builds_its_mask_under_export_only() -> None:
+    """Export reaches every rule torch.compile reaches and the same kernels; the
+    mask's ops come on top."""
+    model, inputs = _zoo("bert")
+    paths = both_paths(model, inputs)
+    (rules, kernels, fallback), want = paths["export"], paths["torch.compile"]
+    assert not want[0] - rules, f"rules only torch.compile reached: {want[0] - rules}"
+    assert kernels == want[1] and not want[2] - fallback
+    assert {"arange", "where"} <= set(fallback - want[2])
 
 
 class Branchy(nn.Module):
