@@ -32,7 +32,7 @@ from .engine.term import Graph
 from .frontend.aten import Bridge
 from .frontend.convert import fx_to_terms
 from .frontend.regions import CALL_LABEL as REGION_CALL
-from .frontend.regions import compile_regions, has_regions
+from .frontend.regions import compile_regions, has_regions, region_bodies
 from .options import Options
 
 if TYPE_CHECKING:
@@ -172,7 +172,10 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
         return fn
     from .codegen.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
 
-    why_not = eligible(gm, kind, aliased_outputs=False, training=opts.cudagraphs == "on")
+    training = opts.cudagraphs == "on"
+    why_not = eligible(gm, kind, aliased_outputs=False, training=training)
+    for sub in region_bodies(gm):  # a replay runs the regions' kernels too
+        why_not = why_not or eligible(sub, kind, aliased_outputs=False, training=training)
     if why_not is None and opts.cudagraphs == "auto":
         why_not = auto_declines(dict(rec.fallback_ops), rec.kernels)
     if why_not is not None:

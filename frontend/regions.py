@@ -95,6 +95,20 @@ def compile_regions(gm: torch.fx.GraphModule, compile_region: CompileRegion
     return torch.fx.GraphModule(gm, graph)
 
 
+def region_bodies(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
+    """The subgraph modules `gm`'s region calls run, and theirs in turn."""
+    hop = invoke_subgraph_op()
+    bodies: list[torch.fx.GraphModule] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and hop is not None and _calls(node, hop):
+            target = node.args[0] if node.target is hop else node.kwargs.get("subgraph")
+            sub = getattr(gm, str(target.target), None) if isinstance(target, torch.fx.Node) \
+                else None
+            if isinstance(sub, torch.fx.GraphModule) and sub not in bodies:
+                bodies += [sub, *region_bodies(sub)]
+    return bodies
+
+
 def _subgraph(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:
     target = node.args[0]
     sub = getattr(gm, str(target.target), None) if isinstance(target, torch.fx.Node) \

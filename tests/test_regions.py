@@ -165,3 +165,26 @@ def test_a_region_called_with_another_layout_gets_its_own_fake_values() -> None:
     assert [n.meta["val"].stride() for n in typed.graph.nodes if n.op == "placeholder"] \
         == [(1, 4)]
     assert _layout([next(iter(sub.graph.nodes)).meta["val"]]) != _layout([transposed])
+
+
+def test_region_bodies_are_what_cuda_graph_replay_checks() -> None:
+    """compiler._maybe_cudagraphs checks the bodies of a graph's regions as it checks
+    the graph: a replay runs their kernels too."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from rewritec.frontend.regions import region_bodies
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep,
+                                     inference_compiler=keep)
+
+    with torch.no_grad():
+        torch.compile(Stack(RegionalBlock, 3), backend=backend)(torch.randn(2, 4, 16))
+    [body] = region_bodies(graphs[0])
+    assert any(n.target is torch.ops.aten.native_layer_norm.default for n in body.graph.nodes)
