@@ -116,6 +116,40 @@ def test_a_region_inside_a_region() -> None:
                  compile_strict, kinds=("forward", "backward", "region"))
 
 
+class TwoInTwoOut(nn.Module):
+    """A region of two operands and two results, one a reduction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.fc(x))
+        return h + skip, h.sum(-1)
+
+
+class Skips(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TwoInTwoOut() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # a copy: torch 2.13's Dynamo computes wrong results, whatever the backend, for
+        # a region given one tensor as two operands
+        skip, total = x.clone(), torch.zeros(())
+        for block in self.blocks:
+            x, t = block(x, skip)
+            total = total + t
+        return x, total
+
+
+def test_a_region_of_two_operands_and_two_results() -> None:
+    check_module(Skips(), [torch.randn(3, 16)], compile_strict,
+                 kinds=("forward", "backward", "region"))
+    assert kinds().count("region") == 2
+
+
 class Counting(nn.Module):
     """A region that writes to a buffer: AOTAutograd wraps it in auto_functionalized."""
 
