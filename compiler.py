@@ -32,7 +32,8 @@ from .engine.term import Graph
 from .frontend.aten import Bridge
 from .frontend.convert import fx_to_terms
 from .frontend.regions import CALL_LABEL as REGION_CALL
-from .frontend.regions import compile_regions, has_regions, region_bodies
+from .frontend.regions import (Region, compile_regions, has_regions, region_bodies,
+                               region_calls)
 from .options import Options
 
 if TYPE_CHECKING:
@@ -122,7 +123,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
 
             fn = FrozenGuard(frozen, fn, unfrozen)
         guarded = fn
-        fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec, pool)
+        fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec, pool,
+                               region_calls(parts.get("regional")))
         # a compiled region lives in this process only: the graph cache cannot hold it
         if keep is not None and not parts["kernel_fallbacks"] and "regional" not in parts:
             from .frontend.graph_cache import Artifact
@@ -146,11 +148,14 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
     return fn
 
 
-def _compile_region(opts: Options, sub: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+def _compile_region(opts: Options, sub: torch.fx.GraphModule, example_inputs: list[Any],
+                    name: str) -> Region:
     """A region (frontend/regions.py) compiles as a graph of its own; the graph that
     calls it decides on CUDA-graph replay."""
-    return compile_fx(sub, example_inputs, dataclasses.replace(opts, cudagraphs="off"),
-                      kind="region")
+    first = len(report.RECORDS)
+    fn = compile_fx(sub, example_inputs, dataclasses.replace(opts, cudagraphs="off"),
+                    kind="region")
+    return Region(name, fn, report.RECORDS[first])  # compile_fx records its graph first
 
 
 def _update_report(opts: Options, rec: report.GraphRecord) -> None:
@@ -165,7 +170,8 @@ def _update_report(opts: Options, rec: report.GraphRecord) -> None:
 
 
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,
-                      opts: Options, rec: report.GraphRecord, pool: Any = None) -> Any:
+                      opts: Options, rec: report.GraphRecord, pool: Any = None,
+                      regions: list[Region] | None = None) -> Any:
     """Wrap a graph for CUDA-graph replay (codegen/cudagraphs.py); the runner itself
     falls back to `fn` for CPU arguments or a failed capture."""
     if opts.cudagraphs == "off" or not torch.cuda.is_available():
@@ -177,7 +183,7 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     for sub in region_bodies(gm):  # a replay runs the regions' kernels too
         why_not = why_not or eligible(sub, kind, aliased_outputs=False, training=training)
     if why_not is None and opts.cudagraphs == "auto":
-        why_not = auto_declines(dict(rec.fallback_ops), rec.kernels)
+        why_not = auto_declines(*launched(rec, regions or []))
     if why_not is not None:
         rec.cudagraphs = f"off: {why_not}"
         return fn
@@ -190,6 +196,17 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     return CudaGraphRunner(fn, params or [], opts.cudagraphs, log, kind=kind,
                            user_outputs=_user_outputs(kind), pool=pool,
                            mutated=sorted(set(mutated_inputs(gm).values())))
+
+
+def launched(rec: report.GraphRecord, regions: list[Region]
+             ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """The ATen calls and kernels one run of a graph launches: its own, and those of
+    each region call (`regions` holds a region once per call)."""
+    ops, kernels = Counter(rec.fallback_ops), list(rec.kernels)
+    for region in regions:
+        ops.update(region.record.fallback_ops)
+        kernels += region.record.kernels
+    return dict(ops), kernels
 
 
 def _user_outputs(kind: str) -> int | None:

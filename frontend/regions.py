@@ -22,7 +22,8 @@ import torch.fx
 
 from ..engine.errors import RewritecError
 
-CompileRegion = Callable[[torch.fx.GraphModule, list[Any]], Any]
+# (subgraph, fake operands, identifier) -> the compiled Region
+CompileRegion = Callable[[torch.fx.GraphModule, list[Any], str], "Region"]
 
 
 def invoke_subgraph_op() -> Any:
@@ -38,9 +39,10 @@ CALL_LABEL = f"{__name__}.invoke_subgraph"
 class Region:
     """A compiled region, called like the subgraph: operands in, its results out."""
 
-    def __init__(self, name: str, fn: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, name: str, fn: Callable[[list[Any]], Any], record: Any = None) -> None:
         self.name = name
         self.fn = fn
+        self.record = record  # its report.GraphRecord: what each call launches
         self.__qualname__ = self.__name__ = "invoke_subgraph"
 
     def __call__(self, *operands: Any) -> Any:
@@ -83,7 +85,7 @@ def compile_regions(gm: torch.fx.GraphModule, compile_region: CompileRegion
             fakes = [_val(a) for a in node.args[2:]]
             key = (id(sub), _layout(fakes))
             if key not in compiled:
-                compiled[key] = Region(str(node.args[1]), compile_region(_typed(sub, fakes), fakes))
+                compiled[key] = compile_region(_typed(sub, fakes), fakes, str(node.args[1]))
             new = graph.call_function(compiled[key], tuple(operands), dict(node.kwargs))
             new.meta = dict(node.meta)
             env[node] = new
@@ -93,6 +95,14 @@ def compile_regions(gm: torch.fx.GraphModule, compile_region: CompileRegion
         else:
             env[node] = graph.node_copy(node, lambda n: env[n])
     return torch.fx.GraphModule(gm, graph)
+
+
+def region_calls(gm: torch.fx.GraphModule | None) -> list[Region]:
+    """The compiled regions a graph from `compile_regions` calls, once per call."""
+    if gm is None:
+        return []
+    return [n.target for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, Region)]
 
 
 def region_bodies(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:

@@ -222,3 +222,25 @@ def test_region_bodies_are_what_cuda_graph_replay_checks() -> None:
         torch.compile(Stack(RegionalBlock, 3), backend=backend)(torch.randn(2, 4, 16))
     [body] = region_bodies(graphs[0])
     assert any(n.target is torch.ops.aten.native_layer_norm.default for n in body.graph.nodes)
+
+
+def test_cuda_graph_auto_counts_what_each_region_call_launches(monkeypatch) -> None:
+    """cudagraphs=auto replays a graph of enough launches: a graph that calls a region
+    8 times launches the region's kernels 8 times (compiler.launched)."""
+    from rewritec import compiler
+
+    seen = []
+    real = compiler._maybe_cudagraphs
+
+    def spy(fn, gm, kind, params, opts, rec, pool=None, regions=None):  # type: ignore[no-untyped-def]
+        if kind != "region":
+            seen.append(compiler.launched(rec, regions or []))
+        return real(fn, gm, kind, params, opts, rec, pool, regions)
+
+    monkeypatch.setattr(compiler, "_maybe_cudagraphs", spy)
+    with torch.no_grad(), no_fallback():
+        rewritec.compile(Stack(RegionalBlock), strict=True)(torch.randn(2, 4, 16))
+    outer, region = sorted(report.RECORDS, key=lambda r: r.kind)
+    [(ops, kernels)] = seen
+    assert len(kernels) == len(outer.kernels) + 8 * len(region.kernels)
+    assert ops["addmm"] == 8 * region.fallback_ops["addmm"] > 0
