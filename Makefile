@@ -35,7 +35,7 @@ bench: $(VENV)/.installed
 lint: $(VENV)/.installed
 	test -x $(VENV)/bin/ruff || $(PY) -m pip install -q ruff mypy
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy engine codegen frontend compiler.py rulecheck.py
+	$(VENV)/bin/mypy engine aten frontend passes kinds runtime compiler.py rulecheck.py
 
 clean:
 	rm -rf rewritec_out .pytest_cache

@@ -3,11 +3,17 @@
     import rewritec
     fast = rewritec.compile(model)                 # or torch.compile(model, backend="rewritec")
 
-The folders are the architecture:
-    frontend/   capture: TorchDynamo + AOTAutograd, torch.export; FX graph -> terms
+The folders are the architecture; each imports only those listed before it
+(tests/test_layers.py):
     engine/     rewrite: term IR, rule language, matcher, phased fixed-point driver (no torch)
+    aten/       the bridge to ATen: dtypes, calling a term, FX graph -> terms, fold steps
+    passes/     graph passes that need torch (layout)
+    kinds/      kernel kinds: a kernel term's spec and its source per target
+    runtime/    build, launch, the kernel and graph caches, CUDA graphs, compile workers
+    compiler.py one graph, from capture to a callable
+    frontend/   capture: TorchDynamo + AOTAutograd, torch.export, rewritec.compile
+    cli.py      the command line
     rules/      what to rewrite: the op table and the YAML rule files
-    codegen/    lower: the per-graph wrapper, fused kernels, the kernel cache
     templates/  how generated code looks (Jinja)
 """
 
@@ -20,7 +26,7 @@ __version__ = "0.1.0"
 
 def compile(model: Any, **options: Any) -> Any:  # noqa: A001 - mirrors torch.compile
     """Compile `model` (a module or function) with rewritec; see `rewritec.options`."""
-    from .frontend.api import compile_model
+    from .frontend.api import compile_model  # here: `import rewritec` loads no torch
 
     return compile_model(model, **options)
 

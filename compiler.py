@@ -1,7 +1,7 @@
 """Compiling one captured ATen graph: convert -> rewrite -> lower.
 
     FX graph --frontend.convert--> terms --engine.pipeline (PHASES)--> terms
-             --codegen.wrapper--> one straight-line Python function
+             --runtime.wrapper--> one straight-line Python function
 
 Whatever goes wrong for a graph, the result stays correct: the graph falls
 back to running the captured FX graph eagerly, with a warning naming why
@@ -24,20 +24,21 @@ import torch
 import torch.fx
 
 from . import report
-from .codegen.wrapper import callable_label, lower
+from .aten.bridge import Bridge
+from .aten.convert import fx_to_terms
 from .engine.diag import log as _log
 from .engine.diag import user_stacklevel
 from .engine.errors import CompileError, RewritecError
 from .engine.term import Graph
-from .frontend.aten import Bridge
-from .frontend.convert import fx_to_terms
-from .frontend.regions import CALL_LABEL as REGION_CALL
-from .frontend.regions import (Region, compile_regions, has_regions, region_bodies,
-                               region_calls)
+from .aten.regions import CALL_LABEL as REGION_CALL
+from .aten.regions import (Region, compile_regions, has_regions, region_bodies,
+                           region_calls)
+from .kinds.kernels import compilable
 from .options import Options
+from .runtime.wrapper import callable_label, lower
 
 if TYPE_CHECKING:
-    from .frontend.graph_cache import Artifact
+    from .runtime.graph_cache import Artifact
 
 
 
@@ -101,9 +102,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
     """Compile one ATen-level FX graph; returns a boxed callable (takes a list).
 
     `param_values` (real parameter tensors by input position) allows freezing
-    an inference graph; see `frontend/fold.py` for when that is sound. `keep`, if
+    an inference graph; see `aten/fold.py` for when that is sound. `keep`, if
     given, receives what the graph cache stores of a successful compilation.
-    `pool` (codegen/cudagraphs.py: Pool) is the CUDA-graph memory pool a training
+    `pool` (runtime/cudagraphs.py: Pool) is the CUDA-graph memory pool a training
     graph shares with its other half.
     """
     name = report.graph_name(kind)
@@ -115,7 +116,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
     try:
         fn = _compile(gm, example_inputs, opts, name, rec, params, frozen, parts)
         if frozen:
-            from .frontend.fold import FrozenGuard
+            from .aten.fold import FrozenGuard
 
             def unfrozen() -> Any:
                 sub = report.GraphRecord(name=f"{name}_unfrozen", kind=kind)
@@ -127,7 +128,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
                                region_calls(parts.get("regional")))
         # a compiled region lives in this process only: the graph cache cannot hold it
         if keep is not None and not parts["kernel_fallbacks"] and "regional" not in parts:
-            from .frontend.graph_cache import Artifact
+            from .runtime.graph_cache import Artifact
 
             keep(Artifact(name=name, source=parts["lowered"].source,
                           globals=parts["lowered"].globals, frozen=frozen or {},
@@ -172,11 +173,11 @@ def _update_report(opts: Options, rec: report.GraphRecord) -> None:
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,
                       opts: Options, rec: report.GraphRecord, pool: Any = None,
                       regions: list[Region] | None = None) -> Any:
-    """Wrap a graph for CUDA-graph replay (codegen/cudagraphs.py); the runner itself
+    """Wrap a graph for CUDA-graph replay (runtime/cudagraphs.py); the runner itself
     falls back to `fn` for CPU arguments or a failed capture."""
     if opts.cudagraphs == "off" or not torch.cuda.is_available():
         return fn
-    from .codegen.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
+    from .runtime.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
 
     training = opts.cudagraphs == "on"
     why_not = eligible(gm, kind, aliased_outputs=False, training=training)
@@ -306,18 +307,9 @@ def choose_target(opts: Options, graph: Graph) -> str:
         device = "cuda" if "cuda" in devices else "cpu"
     if device == "cuda":
         return "triton"
-    from .codegen.build import cxx
+    from .runtime.build import cxx
 
     return "openmp" if cxx() else "aten"
-
-
-def compilable(target: str) -> Any:
-    """The fuse phase's question to the target: can a kernel compute this term?"""
-    if target == "aten":
-        return None
-    from .codegen.kernels import can_compile
-
-    return lambda t: can_compile(t, target)
 
 
 def _boxed(fn: Any) -> Any:
@@ -346,9 +338,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     rec.nodes_in = len(graph.terms())
     aliased_before = [_input_alias(o) for o in graph.outputs]
     if opts.rewrite:
-        from .codegen.layout import relayout_for
+        from .aten.fold import is_frozen, make_folder
         from .engine.pipeline import run_pipeline
-        from .frontend.fold import is_frozen, make_folder
+        from .passes.layout import relayout_for
         from .rulesets import ruleset_for
 
         target = choose_target(opts, graph)
@@ -370,7 +362,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     launchers: dict[Any, Any] = {}
     if any(t.op == "kernel" for t in graph.terms()):
-        from .codegen.prepare import prepare_kernels
+        from .runtime.prepare import prepare_kernels
 
         prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
                                    strict=opts.strict, out_dir=opts.out_dir, name=name,

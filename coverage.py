@@ -74,7 +74,7 @@ NO_KERNEL_OPS = frozenset({
     "_assert_async", "_assert_scalar", "_assert_tensor_metadata", "_functional_assert_async",
     "sym_constrain_range", "sym_constrain_range_for_size",
 })
-# Python callables in a graph (codegen/wrapper.py: callable_label): size arithmetic on
+# Python callables in a graph (runtime/wrapper.py: callable_label): size arithmetic on
 # SymInts and grad-mode switches run on the host.
 NO_KERNEL_PREFIXES = ("operator.", "builtins.", "math.", "torch.sym_", "torch._sym_",
                       "torch._C._set_grad_enabled")

@@ -18,8 +18,8 @@ from .engine.term import render
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from . import report
-    from .cli import _compile_ahead_of_time, run_script
     from .engine import pipeline
+    from .frontend.script import compile_ahead_of_time, run_script
     from .options import Options
     from .rulesets import find_rule
 
@@ -41,7 +41,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         # a graph loaded from the graph cache is never rewritten, so never watched
         scope, code = run_script(args.script, options)
         if scope is not None:  # the exported graph `rewritec compile` reports, watched too
-            _compile_ahead_of_time(scope, options)
+            compile_ahead_of_time(scope, options)
     finally:
         pipeline.run_pipeline = real_run  # type: ignore[assignment]
     if scope is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import report
 from .engine import diag
 from .engine.errors import RewritecError
 
@@ -27,7 +28,7 @@ CUDAGRAPHS = ("auto", "on", "off")
 # torch.compile's modes. default: today's plans; reduce-overhead: replay every graph
 # that can be replayed (training too) as CUDA graphs (cudagraphs="on"); max-autotune:
 # also time kernel configurations at first launch and keep the fastest on disk
-# (codegen/autotune.py); max-autotune-no-cudagraphs: that, with cudagraphs as given.
+# (runtime/autotune.py); max-autotune-no-cudagraphs: that, with cudagraphs as given.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 DEVICES = (None, "cpu", "cuda")
@@ -43,8 +44,6 @@ def closest(name: str, known: Any) -> str:
 
 
 def _print_stats_at_exit() -> None:
-    from . import report
-
     if report.RULE_STATS:
         print("[rewritec] rule statistics\n" + report.stats_table())
 
@@ -75,7 +74,7 @@ class Options:
     out_dir: str | None = None
     # Turn every fallback (whole graph or one group) into an error.
     strict: bool = False
-    # Fold parameters of inference graphs as constants (frontend/fold.py). Opt-in, as
+    # Fold parameters of inference graphs as constants (aten/fold.py). Opt-in, as
     # Inductor's freezing is: each call checks the parameters' identity, version and
     # data pointer, but a write through `p.data` changes none of them.
     freeze: bool = False
@@ -87,30 +86,30 @@ class Options:
     fast_math: bool = False
     # Names of rules to leave out.
     disable: tuple[str, ...] = field(default_factory=tuple)
-    # Memory layout of 4-d convolutions (codegen/layout.py): channels_last (NHWC,
+    # Memory layout of 4-d convolutions (passes/layout.py): channels_last (NHWC,
     # where cuDNN and oneDNN are fastest), keep (as captured), or auto:
     # channels_last for inference graphs where the convolutions save more than the
     # layout copies around them cost (on the CPU, always), keep elsewhere.
     conv_layout: str = "auto"
-    # Replay inference graphs on CUDA as one CUDA graph (codegen/cudagraphs.py): on,
+    # Replay inference graphs on CUDA as one CUDA graph (runtime/cudagraphs.py): on,
     # off, or auto: graphs of at least AUTO_MIN_LAUNCHES launches (fewer without
     # matrix products), where Python's launch cost outweighs a replay's.
     cudagraphs: str = "auto"
     # Keep compiled inference graphs in $REWRITEC_CACHE_DIR/graphs and reuse them when
     # the same TorchDynamo graph comes again, skipping AOTAutograd, the rules and code
-    # generation (frontend/graph_cache.py). REWRITEC_GRAPH_CACHE=0 turns it off.
+    # generation (runtime/graph_cache.py). REWRITEC_GRAPH_CACHE=0 turns it off.
     graph_cache: bool = True
     # Seconds of C++ compiler time one graph may spend (REWRITEC_COMPILE_BUDGET); once
     # spent, its kernels left fall back to ATen with a warning, so a compiler that
     # never returns stalls a compilation that long at most. None: no budget (each
-    # build still stops after codegen/build.py: BUILD_TIMEOUT_S).
+    # build still stops after runtime/build.py: BUILD_TIMEOUT_S).
     compile_budget: float | None = 120.0
     # torch.compile's `mode` (MODES above), also given as options={"mode": ...}.
     mode: str = "default"
 
     @property
     def autotune(self) -> bool:
-        """Whether kernels' launch configurations are timed (codegen/autotune.py)."""
+        """Whether kernels' launch configurations are timed (runtime/autotune.py)."""
         return self.mode in AUTOTUNE_MODES
 
     @classmethod

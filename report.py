@@ -33,12 +33,12 @@ class GraphRecord:
     kernels: list[dict[str, Any]] = field(default_factory=list)
     fallback_ops: Counter[str] = field(default_factory=Counter)
     stop_reason: str | None = None
-    # What the layout phase did (codegen/layout.py): conv_layout, counts, or why not.
+    # What the layout phase did (passes/layout.py): conv_layout, counts, or why not.
     layout: dict[str, Any] = field(default_factory=dict)
-    # CUDA-graph replay (codegen/cudagraphs.py): on/off and why, once decided.
+    # CUDA-graph replay (runtime/cudagraphs.py): on/off and why, once decided.
     cudagraphs: str = ""
     compile_seconds: float = 0.0
-    # Loaded from the graph cache (frontend/graph_cache.py): the rules and kernels
+    # Loaded from the graph cache (runtime/graph_cache.py): the rules and kernels
     # listed are those of the compilation that stored it.
     cached: bool = False
     files: dict[str, str] = field(default_factory=dict)

@@ -26,7 +26,9 @@ from typing import Any, TextIO
 
 import torch
 
-from .codegen.wrapper import lower
+from .aten.bridge import Bridge, meta_of
+from .aten.dtypes import TORCH_DTYPES
+from .aten.fold import is_frozen, make_folder, tensor_term
 from .engine import syntax as S
 from .engine.errors import RewriteStop, RuleError
 from .engine.ops import default_op_table
@@ -35,10 +37,8 @@ from .engine.pipeline import run_pipeline
 from .engine.prove import prove
 from .engine.rules import ATTR_FUNCS, Rule
 from .engine.term import Graph, Term, TermStore
-from .frontend.aten import Bridge, meta_of
-from .frontend.dtypes import TORCH_DTYPES
-from .frontend.fold import is_frozen, make_folder, tensor_term
-from .options import Options
+from .kinds.kernels import compilable
+from .runtime.wrapper import lower
 
 # A rule's examples are a few terms: a rewrite of one that takes longer than this
 # is a rule that does not terminate.
@@ -150,7 +150,7 @@ def example_target(rule: Rule | None = None) -> str:
     Triton for a template that only Triton has (the matmul)."""
     import os
 
-    from .codegen.templates import has_template
+    from .kinds.templates import has_template
 
     forced = os.environ.get("REWRITEC_TARGET", "")
     if forced in ("openmp", "triton"):
@@ -164,8 +164,6 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
                 expect_fire: bool = True) -> ExampleResult:
     """Rewrite the example with `rule` alone; compare with the unrewritten graph.
     A fuse rule's kernels are generated, built and run for `example_target()`."""
-    from .compiler import compilable
-
     graph, store, bridge, values = build_example(rule, example, seed=index)
     target = example_target(rule)
     try:
@@ -185,7 +183,7 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     want = lower(graph, bridge, f"{rule.name}_before").fn(list(values))[0]
     after, launchers = result.graph, {}
     if rule.kind == "fuse":
-        from .codegen.prepare import prepare_kernels
+        from .runtime.prepare import prepare_kernels
 
         prepared = prepare_kernels(after, store, target, strict=True, out_dir=None,
                                    name=rule.name)
@@ -489,10 +487,8 @@ def verify_user_rules(rules: list[Rule], library: list[Rule] | None = None) -> N
         raise RuleErrors(errors)
 
 
-def check_rules(opts: Options, out: TextIO) -> int:
-    from .rulesets import ruleset_for
-
-    rules = ruleset_for(Options.make(rules=opts.rules, fast_math=True), verify=False)
+def check_rules(rules: list[Rule], out: TextIO) -> int:
+    """`rewritec rules check` over `rules` (rulesets.py gives them, fast-math ones too)."""
     failed = 0
     for rule in rules:
         problems, notes = rule_report(rule, rules)
@@ -505,11 +501,10 @@ def check_rules(opts: Options, out: TextIO) -> int:
     return 1 if failed else 0
 
 
-def test_rules(opts: Options, out: TextIO) -> int:
-    from .rulesets import ruleset_for
-
+def test_rules(rules: list[Rule], out: TextIO) -> int:
+    """`rewritec rules test`: every example and no_match example of `rules`."""
     passed = failed = 0
-    for rule in ruleset_for(Options.make(rules=opts.rules, fast_math=True), verify=False):
+    for rule in rules:
         cases = [(ex, i, True) for i, ex in enumerate(rule.examples)]
         cases += [(ex, i, False) for i, ex in enumerate(rule.no_match)]
         for ex, i, fire in cases:

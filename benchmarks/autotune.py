@@ -1,6 +1,6 @@
 """What does mode max-autotune buy? Each case compiled in mode default and in
 max-autotune-no-cudagraphs (so both launch the same way, without CUDA graphs),
-timed in the same process, with the winners codegen/autotune.py chose.
+timed in the same process, with the winners runtime/autotune.py chose.
 
     python -m benchmarks.autotune      # CUDA only; prints a table
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import rewritec
-from rewritec.codegen import autotune
+from rewritec.runtime import autotune
 
 
 def gelu_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -89,9 +89,9 @@ def rewrite_once(c: Captured) -> tuple[int, int, float, float]:
     from torch._guards import detect_fake_mode
 
     from rewritec.engine.pipeline import run_pipeline
-    from rewritec.frontend.aten import Bridge
-    from rewritec.frontend.convert import fx_to_terms
-    from rewritec.frontend.fold import is_frozen, make_folder
+    from rewritec.aten.bridge import Bridge
+    from rewritec.aten.convert import fx_to_terms
+    from rewritec.aten.fold import is_frozen, make_folder
     from rewritec.options import Options
     from rewritec.rulesets import ruleset_for
 

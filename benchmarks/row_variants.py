@@ -2,7 +2,7 @@
 
     python -m benchmarks.row_variants [--cases layer_norm_32k,rms_norm_32k,softmax_32k]
 
-Each variant patches choices of codegen/row_looped.py or codegen/launch.py (the
+Each variant patches choices of kinds/row_looped.py or runtime/launch.py (the
 looped kernel's chunk, its warps, where rows start to loop), compiles the case
 with rewritec, checks it against eager and prints the median time (do_bench) with
 Inductor's alongside. The numbers behind those constants come from here.
@@ -23,7 +23,8 @@ from .run import check_close, compile_with
 
 @contextmanager
 def patched(changes: dict[str, Any]) -> Iterator[None]:
-    from rewritec.codegen import launch, row_looped, spec
+    from rewritec.kinds import row_looped, spec
+    from rewritec.runtime import launch
 
     modules = {"launch": launch, "row_looped": row_looped, "spec": spec}
     saved = []

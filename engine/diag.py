@@ -27,7 +27,7 @@ LEVELS = {1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The package folder also holds tests, examples, benchmarks and scripts: user code.
 _LIBRARY = tuple(os.path.join(_ROOT, d) + os.sep
-                 for d in ("engine", "frontend", "codegen", "templates"))
+                 for d in ("engine", "aten", "frontend", "passes", "kinds", "runtime", "templates"))
 
 
 class _Stdout(logging.StreamHandler):  # type: ignore[type-arg]

@@ -21,7 +21,7 @@ decide, with `root`, `ops` (the group's op count), `reductions`, `matmuls` and
 matrix product and its epilogue and never grows into the product's operands.
 
 A group becomes one `kernel` term whose operands are the group's inputs and
-whose `body` attribute is its root over `arg` placeholders; `codegen/` renders it
+whose `body` attribute is its root over `arg` placeholders; `kinds/` renders it
 with the rule's template. A kernel with side outputs is tuple-valued (its meta's
 kind is "tuple"): its `outputs` attribute lists the body terms it writes, the
 root's first, and each outside use reads `getitem(kernel, i)`. A kernel of one

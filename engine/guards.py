@@ -83,7 +83,7 @@ def _reduces_innermost(t: Term) -> bool:
     are known, else the last dim of size other than 1). A row kernel reads such a
     row contiguously; a column (dim 0 of a row-major matrix) it would read one value
     per memory line, several times slower than a reduction kernel that keeps the
-    columns as a tile (measured: bias gradients of an MLP, codegen/reduction.py)."""
+    columns as a tile (measured: bias gradients of an MLP, kinds/reduction.py)."""
     dims = t.attr("dim")
     if not t.args or not dims:
         return False

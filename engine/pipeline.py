@@ -41,7 +41,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("layout", (),
           "choose memory layouts (channels_last convolutions); after folding, so the conv "
           "weights it converts are final constants, and before fusion, so kernels see the "
-          "layouts they read and write. The target supplies it (codegen/layout.py)"),
+          "layouts they read and write. The target supplies it (passes/layout.py)"),
     Phase("fuse", ("fuse",),
           "group pointwise chains, reductions and epilogues into kernels; runs last so it "
           "sees the simplified graph"),

@@ -75,7 +75,7 @@ Folder = Callable[[Term], Term | None]
 FOLD_CONSTANTS = "fold-constants"
 BUILTIN_STEPS = {
     FOLD_CONSTANTS: "an op whose arguments are all constants becomes its value, computed "
-                    "once at compile time (frontend/fold.py: make_folder)",
+                    "once at compile time (aten/fold.py: make_folder)",
 }
 Log = Callable[[str], None]
 

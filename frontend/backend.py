@@ -5,7 +5,7 @@ works without importing rewritec first).
 Dynamo hands over a torch-level FX graph; AOTAutograd traces it to ATen and
 splits forward and backward, and each half is compiled by `compiler.compile_fx`.
 An inference graph compiled before is loaded from the graph cache instead
-(frontend/graph_cache.py), without AOTAutograd.
+(runtime/graph_cache.py), without AOTAutograd.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from ..codegen import ahead, triton_startup
+from ..runtime import ahead, triton_startup
 from ..engine.errors import RewritecError
 from ..options import Options
-from . import graph_cache
+from ..runtime import graph_cache
 
 
 # torch.compile looks the backend up (importing this module) before TorchDynamo
 # traces: in a process that already uses CUDA, the compile worker starts now and is
-# ready by the time a graph's kernels are rendered (codegen/ahead.py).
+# ready by the time a graph's kernels are rendered (runtime/ahead.py).
 if torch.cuda.is_initialized():
     ahead.start()
 
@@ -58,7 +58,7 @@ def rewritec_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
     opts = Options.make(options, **({} if mode is None else {"mode": mode}))
     check_options(opts)  # torch.compile(backend="rewritec", options=...) gets here first
     # Parameters and buffers arrive as graph inputs; remember which, for folding
-    # in inference graphs (frontend/fold.py guards that against later updates).
+    # in inference graphs (aten/fold.py guards that against later updates).
     params = [isinstance(x, torch.nn.Parameter) or _is_buffer(n)
               for x, n in zip(example_inputs, _placeholders(gm), strict=False)]
     key = graph_cache.key_for(gm, example_inputs, params, opts)
@@ -92,10 +92,10 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     n_outputs = len(returned) if isinstance(returned, tuple | list) else 1
 
     # The CUDA graphs of this graph's forward and backward share their memory
-    # (codegen/cudagraphs.py: Pool)
+    # (runtime/cudagraphs.py: Pool)
     pool = None
     if opts.cudagraphs == "on" and torch.cuda.is_available():
-        from ..codegen.cudagraphs import Pool
+        from ..runtime.cudagraphs import Pool
 
         pool = Pool()
 
@@ -103,7 +103,7 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
         return compile_fx(fw_gm, fw_inputs, opts, kind="forward", params=params, pool=pool)
 
     def inference(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:
-        # Inference graphs (no grad) may fold parameters: frontend/fold.py says when.
+        # Inference graphs (no grad) may fold parameters: aten/fold.py says when.
         aligned = len(fw_inputs) == len(values)
         keep = None
         if key is not None and graph_cache.aot_passes_through(fw_gm, len(values), n_outputs):

@@ -14,7 +14,7 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions
 
-from .aten import overload
+from ..aten.bridge import overload
 
 # Outside core ATen's post-autograd list but in export's default table, which
 # adds them beside the CompositeImplicitAutograd ops (those decompose while

@@ -4,7 +4,7 @@
     python scripts/compile_worker_sim.py parallel N [--workers W]   # W = 0: in this process
 
 Triton compiles sm_90 binaries on any machine, so the part of a CUDA cold compile
-that codegen/ahead.py changes can be timed on the CPU:
+that runtime/ahead.py changes can be timed on the CPU:
 
 - `critical`: from `torch.compile` to the pointwise_chain kernel's binary in hand. The
   main thread does a real TorchDynamo + AOTAutograd trace (plus `--extra` seconds of
@@ -64,7 +64,7 @@ def critical(mode: str, extra: float, path: str) -> None:
     torch._dynamo.reset()
     x, y = torch.randn(N), torch.randn(N)
     t0 = time.perf_counter()
-    from rewritec.codegen import ahead, triton_startup
+    from rewritec.runtime import ahead, triton_startup
 
     if mode == "old":
         import threading
@@ -99,7 +99,7 @@ def critical(mode: str, extra: float, path: str) -> None:
     if mode == "old":
         time.sleep(0.02)  # lowering and TorchDynamo's guards come before the launch
         thread.join()
-        from rewritec.codegen import compile_worker as cw
+        from rewritec.runtime import compile_worker as cw
 
         compiled = cw.Compiler(None).compile(path, "k0_chain", list(SM90),
                                              [cw.decode(a) for a in _args(N)], kwargs)
@@ -114,11 +114,11 @@ def critical(mode: str, extra: float, path: str) -> None:
 
 
 def parallel(n: int, workers: int, path: str) -> None:
-    from rewritec.codegen import ahead
+    from rewritec.runtime import ahead
 
     jobs = [(_args(N), {"size0": N + 16 * i, "BLOCK_SIZE": 1024}) for i in range(n)]
     if workers == 0:
-        from rewritec.codegen import compile_worker as cw
+        from rewritec.runtime import compile_worker as cw
 
         compiler = cw.Compiler(ahead.triton_key())
         compiler.warm(list(SM90))

@@ -2,7 +2,7 @@
 # One call of the device tool (see benchmarks/README.md): install the carried wheels
 # (.whl/, e.g. lark, which the GPU machine lacks), run the GPU tests, then the benchmark.
 #   TESTS="tests/test_attention.py ..."  CASES=all|gpt2_block,mlp  PROBES=none|default|a,b
-#   NOWORKER=1: the probe cases again with REWRITEC_COMPILE_WORKER=0 (codegen/ahead.py),
+#   NOWORKER=1: the probe cases again with REWRITEC_COMPILE_WORKER=0 (runtime/ahead.py),
 #   written to $OUT/cuda_noworker.md, for the compile workers' effect on the same machine
 # Before the call, on a machine that reaches PyPI (.whl/ is git-ignored, so a fresh
 # checkout has none; pass carry: [".whl"] to the device tool):

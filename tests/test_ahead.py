@@ -1,4 +1,4 @@
-"""codegen/ahead.py and codegen/compile_worker.py: Triton kernels compiled ahead in
+"""runtime/ahead.py and runtime/compile_worker.py: Triton kernels compiled ahead in
 a worker process, and launched from the worker's binary only for the call it was
 compiled for.
 
@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import rewritec
-from rewritec.codegen import ahead, static_launch
-from rewritec.codegen.triton_direct import DirectKernel, call_key
+from rewritec.runtime import ahead, static_launch
+from rewritec.runtime.triton_direct import DirectKernel, call_key
 
 SM90 = ("cuda", 90, 32)
 # Triton kernels run on the GPU where there is one, else in Triton's interpreter.
@@ -111,8 +111,8 @@ import importlib.util, json, sys, torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import cache, driver
 cache.triton_key = lambda: sys.argv[3]  # the worker's, so that the hashes compare
-from rewritec.codegen.compile_worker import TargetDriver
-from rewritec.codegen.static_launch import describe
+from rewritec.runtime.compile_worker import TargetDriver
+from rewritec.runtime.static_launch import describe
 spec = importlib.util.spec_from_file_location("reference_kernel", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -418,7 +418,7 @@ def test_a_cold_cuda_compile_compiles_nothing_in_this_process(tmp_path) -> None:
             return torch.softmax(torch.nn.functional.gelu(x + b), -1)
         got = torch.compile(f, backend="rewritec")(x, b)
         torch.testing.assert_close(got, f(x, b))
-        from rewritec.codegen import ahead
+        from rewritec.runtime import ahead
         print("RESULT", ahead.running(), len(compiles))
     """)
     env = {**__import__("os").environ, "REWRITEC_CACHE_DIR": str(tmp_path / "rw"),
@@ -583,7 +583,7 @@ def test_the_worker_sees_a_job_waiting_behind_the_line_it_read() -> None:
     """The worker skips its warm-up compile when a job is already waiting."""
     import os
 
-    from rewritec.codegen.compile_worker import Lines
+    from rewritec.runtime.compile_worker import Lines
 
     read, write = os.pipe()
     lines = Lines(read)

@@ -108,7 +108,7 @@ def test_causal_mask_skips_the_mask() -> None:
     recognized as causal: the kernel masks by index."""
     model = SelfAttention(32, 2, 40, "causal").to(DEVICE, torch.float16).eval()
     x = torch.randn(2, 40, 32, device=DEVICE, dtype=torch.float16)
-    from rewritec.codegen import prepare
+    from rewritec.runtime import prepare
 
     seen: list[bool] = []
     spec = prepare.attention_spec

@@ -1,4 +1,4 @@
-"""codegen/autotune.py (mode max-autotune): every candidate configuration equals
+"""runtime/autotune.py (mode max-autotune): every candidate configuration equals
 eager, the fastest measured wins, the winner is stored signed and read back
 without timing, a tampered one is ignored, and mode default times nothing.
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import rewritec
-from rewritec.codegen import autotune, launch
-from rewritec.frontend.graph_cache import _options_text
+from rewritec.runtime import autotune, launch
+from rewritec.runtime.graph_cache import _options_text
 from rewritec.options import Options
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -175,7 +175,7 @@ def test_tampered_winner_is_ignored(tuned: list[Any], tmp_path: Path) -> None:
 def test_stored_winner_outside_the_candidates_is_ignored(tuned: list[Any],
                                                          tmp_path: Path) -> None:
     """Signed, but not a configuration this kernel tries (an older FORMAT's, say)."""
-    from rewritec.codegen.disk_cache import store
+    from rewritec.runtime.disk_cache import store
 
     _run("pointwise")
     (path,) = _winners(tmp_path)
@@ -244,7 +244,7 @@ def test_graph_cache_key_holds_the_mode() -> None:
 
 def test_graph_cache_load_reads_the_winner(tuned: list[Any], aot_calls: list[int],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """A graph loaded from the graph cache (frontend/graph_cache.py) rebuilds its
+    """A graph loaded from the graph cache (runtime/graph_cache.py) rebuilds its
     launchers tuned, and they read the winner stored by the first compile."""
     monkeypatch.setenv("REWRITEC_GRAPH_CACHE", "1")
     _run("softmax")
@@ -254,7 +254,7 @@ def test_graph_cache_load_reads_the_winner(tuned: list[Any], aot_calls: list[int
 
 
 def test_meta_launch_is_not_predicted(tuned: list[Any]) -> None:
-    """codegen/ahead.py runs launchers on meta tensors to predict their first launch;
+    """runtime/ahead.py runs launchers on meta tensors to predict their first launch;
     an autotuned kernel refuses rather than launch its kernel on them."""
     launched: list[Any] = []
 
@@ -271,7 +271,7 @@ def test_meta_launch_is_not_predicted(tuned: list[Any]) -> None:
 
 
 def test_plan_learning_watches_the_wrapped_kernel(tuned: list[Any]) -> None:
-    """codegen/launch.py: Launcher._learn sets `kernel.watch` and learns a plan from
+    """runtime/launch.py: Launcher._learn sets `kernel.watch` and learns a plan from
     a launch that ran one runner: a tuning launch runs many, a later one the winner."""
 
     class Inner:  # stands for a DirectKernel: each launch appends to `watch`

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 import rewritec
-import rewritec.codegen.wrapper
 import rewritec.compiler
+import rewritec.runtime.wrapper
 import torch
 from rewritec.compiler import RewritecWarning
 from rewritec.engine.errors import RuleError, RuleErrors
@@ -143,7 +143,7 @@ def test_compile_falls_back_before_codegen(name: str, monkeypatch: pytest.Monkey
 
     # compiler.py binds `lower` at import: patch both names.
     monkeypatch.setattr(rewritec.compiler, "lower", no_lower)
-    monkeypatch.setattr(rewritec.codegen.wrapper, "lower", no_lower)
+    monkeypatch.setattr(rewritec.runtime.wrapper, "lower", no_lower)
     compiled = rewritec.compile(_tiny, rules=[str(BAD_DIR / f"{name}.yaml")])
     x = torch.randn(4, 8)
     with warnings.catch_warnings(record=True) as caught:

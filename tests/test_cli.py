@@ -170,7 +170,7 @@ expected = torch.sin(x) * 2 + 1
 def test_run_script_routes_torch_compile(tmp_path: Path, kwargs: str) -> None:
     import torch
     from rewritec import report
-    from rewritec.cli import run_script
+    from rewritec.frontend.script import run_script
 
     script = tmp_path / "routed_script.py"
     script.write_text(ROUTED_SCRIPT.format(kwargs=kwargs))
@@ -201,7 +201,7 @@ def test_run_script_options_reach_rewritec_compile_and_the_named_backend(tmp_pat
     still gets the command line's options: its graphs are written to --out."""
     import torch
     from rewritec import report
-    from rewritec.cli import run_script
+    from rewritec.frontend.script import run_script
     from rewritec.options import PROCESS_DEFAULTS
 
     script = tmp_path / "api_script.py"

@@ -12,7 +12,7 @@ import torch
 
 import rewritec
 from rewritec import compiler, report
-from rewritec.codegen.build import cxx
+from rewritec.runtime.build import cxx
 from rewritec.coverage import Coverage, measure, op_class
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

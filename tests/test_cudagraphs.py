@@ -1,4 +1,4 @@
-"""CUDA-graph replay of inference graphs (codegen/cudagraphs.py, Options.cudagraphs).
+"""CUDA-graph replay of inference graphs (runtime/cudagraphs.py, Options.cudagraphs).
 
 The eligibility rules and the option run everywhere; replay itself needs a GPU.
 """
@@ -10,7 +10,7 @@ import torch
 
 import rewritec
 from rewritec import report
-from rewritec.codegen.cudagraphs import CudaGraphRunner, eligible
+from rewritec.runtime.cudagraphs import CudaGraphRunner, eligible
 from rewritec.engine.errors import RewritecError
 from rewritec.options import Options
 
@@ -224,7 +224,7 @@ def test_auto_leaves_short_graphs_alone() -> None:
 def test_auto_threshold_counts_launches_and_products() -> None:
     """auto replays graphs of 3+ launches without matrix products (Python-bound:
     conv + epilogues), but needs 12+ where cuBLAS products keep the GPU busy."""
-    from rewritec.codegen.cudagraphs import auto_declines
+    from rewritec.runtime.cudagraphs import auto_declines
 
     conv_block = {"convolution": 1}, [{"template": "triton/pointwise_tiled"},
                                       {"template": "triton/pointwise"}]
@@ -242,7 +242,7 @@ def test_auto_threshold_counts_launches_and_products() -> None:
 def _training_pair():
     """A forward and a backward runner sharing a pool, as compile_fx makes them for
     one training graph: forward (x, w) -> (loss, saved), backward (saved, g) -> dw."""
-    from rewritec.codegen.cudagraphs import Pool
+    from rewritec.runtime.cudagraphs import Pool
 
     def forward(args):
         x, w = args
@@ -371,7 +371,7 @@ def test_reduce_overhead_training_matches_eager_step_after_step(autocast: bool) 
 def test_training_graphs_may_write_their_inputs_where_they_are() -> None:
     """A forward graph updating a buffer (BatchNorm's running mean) is eligible for
     replay, which writes where the buffer is; anything else mutable is not."""
-    from rewritec.codegen.cudagraphs import mutated_inputs
+    from rewritec.runtime.cudagraphs import mutated_inputs
 
     gm = _graph(lambda x, buf: (buf.copy_(buf * 0.9 + x.mean(0) * 0.1), x * 2)[1],
                 torch.randn(4, 8), torch.randn(8))

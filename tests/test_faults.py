@@ -17,8 +17,9 @@ import torch
 
 import rewritec
 from rewritec import report
-from rewritec.codegen import build, kernels, launch
-from rewritec.codegen.launch import KernelFallback
+from rewritec.runtime import build, launch
+from rewritec.kinds import kernels
+from rewritec.runtime.launch import KernelFallback
 
 pytestmark = pytest.mark.skipif(build.cxx() is None, reason="no C++ compiler")
 
@@ -123,7 +124,7 @@ def test_two_processes_fill_the_cache_at_once(cache) -> None:
     source = f"extern \"C\" int answer() {{ return 42; }} // {uuid.uuid4()}\n"
     script = textwrap.dedent(f"""
         import ctypes
-        from rewritec.codegen.build import build_cpp
+        from rewritec.runtime.build import build_cpp
         fn, _ = build_cpp({source!r}, "answer")
         fn.restype = ctypes.c_int
         assert fn() == 42

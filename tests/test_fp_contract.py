@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import rewritec
-from rewritec.codegen import build
-from rewritec.codegen.launch import Launcher
+from rewritec.runtime import build
+from rewritec.runtime.launch import Launcher
 
 
 def mul_add(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ def test_fast_math_may_contract() -> None:
 
 def _launchers(monkeypatch, fn, args, **options) -> list[Launcher]:
     """The launchers a compilation of `fn` builds."""
-    from rewritec.codegen import prepare
+    from rewritec.runtime import prepare
 
     seen: list[Launcher] = []
     real = prepare.prepare_kernels

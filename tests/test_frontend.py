@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from models import MLP, check_function, check_module, compile_strict, no_fallback, tol
 from rewritec import compiler, report
+from rewritec.aten.bridge import Bridge, meta_of
+from rewritec.aten.convert import Unsupported, fx_to_terms
 from rewritec.compiler import RewritecWarning, compile_fx
 from rewritec.engine.errors import CompileError, RewritecError
 from rewritec.engine.term import Graph, Meta, TermStore
-from rewritec.frontend.aten import Bridge, meta_of
-from rewritec.frontend.convert import Unsupported, fx_to_terms
 from rewritec.options import Options
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -97,7 +97,7 @@ def test_fx_to_terms_shares_common_subexpressions() -> None:
     (out,) = conv.graph.outputs
     assert out.args[0] is out.args[1]
     # The lowered wrapper computes the original function.
-    from rewritec.codegen.wrapper import lower
+    from rewritec.runtime.wrapper import lower
 
     x = torch.randn(3, 5)
     (got,) = lower(conv.graph, bridge, "test_cse").fn([x])
@@ -350,9 +350,8 @@ def test_decomposition_table_is_export_default_without_implicit_ops() -> None:
     """frontend/decompositions.py builds core ATen's table without export's
     CompositeImplicitAutograd entries (those decompose while tracing anyway):
     every other entry, and the same function for each, must be there."""
-    from torch._decomp import core_aten_decompositions
-
     from rewritec.frontend.decompositions import _core_aten
+    from torch._decomp import core_aten_decompositions
 
     ours, export = _core_aten(), dict(core_aten_decompositions())
     assert not [op for op in ours if op not in export]

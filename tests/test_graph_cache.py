@@ -1,4 +1,4 @@
-"""The graph cache (frontend/graph_cache.py): a graph compiled once is loaded, not
+"""The graph cache (runtime/graph_cache.py): a graph compiled once is loaded, not
 compiled, when TorchDynamo hands it over again; loaded graphs give eager's results,
 replay folds on the loading model's own weights, and follow parameter updates;
 graphs that AOTAutograd does not pass through unchanged are never stored."""
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rewritec import report
-from rewritec.frontend import graph_cache
+from rewritec.runtime import graph_cache
 from rewritec.options import Options
 
 TARGETS = ["openmp", "triton"]
@@ -101,10 +101,10 @@ def test_a_graph_whose_first_launches_were_predicted_is_loaded(fn, aot_calls, mo
                                                                ) -> None:
     """On a GPU the compile workers are sent each kernel's first launch, predicted by
     running the launchers on meta tensors before the graph is stored
-    (codegen/ahead.py): the launch geometries that leaves on the kernels' specs once
+    (runtime/ahead.py): the launch geometries that leaves on the kernels' specs once
     made every such graph unloadable (torch.Size is no graph-cache value)."""
-    from rewritec.codegen import ahead
-    from rewritec.codegen.triton_direct import DirectKernel
+    from rewritec.runtime import ahead
+    from rewritec.runtime.triton_direct import DirectKernel
 
     predicted: list[Any] = []
     monkeypatch.setattr(ahead, "running", lambda: True)
@@ -294,7 +294,7 @@ def test_an_entry_naming_a_foreign_class_is_refused(aot_calls) -> None:
 
 
 def test_a_kernel_failing_in_a_loaded_graph_recompiles(aot_calls, monkeypatch) -> None:
-    from rewritec.codegen import launch
+    from rewritec.runtime import launch
 
     x, w = torch.randn(4, 8), torch.randn(8)
     options = {"target": "openmp"}  # not strict: a failed launch falls back to ATen
@@ -354,7 +354,7 @@ NEW_PROCESS_GRAPHS = {
 @pytest.mark.parametrize("graph", sorted(NEW_PROCESS_GRAPHS))
 def test_a_new_process_loads_the_entry(graph: str, tmp_path: Path) -> None:
     """The second process loads the graph without importing the compile side: the
-    rule engine, the renderers, lark, jinja2 (codegen/launch.py, codegen/spec.py and
+    rule engine, the renderers, lark, jinja2 (runtime/launch.py, kinds/spec.py and
     the *_launch.py modules are what a load needs; a warm compile's first call pays
     every import)."""
     script = textwrap.dedent("""
@@ -366,8 +366,8 @@ def test_a_new_process_loads_the_entry(graph: str, tmp_path: Path) -> None:
             out = torch.compile(f, backend="rewritec", options=options)(*args)
         torch.testing.assert_close(out, f(*args), **tol)
         heavy = ("rewritec.compiler", "rewritec.engine.rules", "rewritec.engine.pipeline",
-                 "rewritec.engine.fuse", "rewritec.codegen.kernels", "rewritec.codegen.prepare",
-                 "rewritec.codegen.row_looped", "rewritec.codegen.templates", "lark", "jinja2")
+                 "rewritec.engine.fuse", "rewritec.kinds.kernels", "rewritec.runtime.prepare",
+                 "rewritec.kinds.row_looped", "rewritec.kinds.templates", "lark", "jinja2")
         print("cached", report.RECORDS[-1].cached, len(report.RECORDS[-1].kernels),
               ",".join(m for m in heavy if m in sys.modules) or "-")
     """)

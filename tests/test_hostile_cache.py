@@ -1,5 +1,5 @@
 """A cache that someone else could have written is never trusted
-(codegen/disk_cache.py): entries are signed with a per-user key and unpickled
+(runtime/disk_cache.py): entries are signed with a per-user key and unpickled
 with a fixed table of names; a folder or file of another user's, or writable by
 others, is not used; an unusable folder or a compiler that never returns costs
 a warning and some speed, never the compilation or a wrong answer."""
@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from rewritec import report, rulesets
-from rewritec.codegen import build, disk_cache
-from rewritec.codegen.disk_cache import CacheWarning
-from rewritec.codegen.launch import KernelFallback
-from rewritec.frontend import graph_cache
+from rewritec.runtime import build, disk_cache
+from rewritec.runtime.disk_cache import CacheWarning
+from rewritec.runtime.launch import KernelFallback
+from rewritec.runtime import graph_cache
 
 pytestmark = pytest.mark.skipif(build.cxx() is None, reason="no C++ compiler")
 

@@ -1,4 +1,4 @@
-"""Kernels over mixed dtypes and bool masks (codegen/kernels.py: can_compile):
+"""Kernels over mixed dtypes and bool masks (kinds/kernels.py: can_compile):
 a half value plus an f32 one (a residual add under autocast) and comparisons
 that a `where` reads join the kernel around them, and results equal eager's.
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import rewritec
 from rewritec import report
-from rewritec.codegen.build import cxx
+from rewritec.runtime.build import cxx
 
 # tests/conftest.py turns on TRITON_INTERPRET when there is no GPU.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -14,10 +14,11 @@ import rewritec
 import torch
 import torch.nn.functional as F
 from rewritec import report
-from rewritec.codegen import launch, row_looped
-from rewritec.codegen import spec as spec_mod
-from rewritec.codegen.build import cxx
-from rewritec.codegen.reduction_launch import ReductionTritonLauncher
+from rewritec.kinds import row_looped
+from rewritec.kinds import spec as spec_mod
+from rewritec.runtime import launch
+from rewritec.runtime.build import cxx
+from rewritec.runtime.reduction_launch import ReductionTritonLauncher
 from test_kernels import (
     INTERPRETED,
     TARGETS,
@@ -325,7 +326,7 @@ def test_looped_rows_half_precision(narrow_rows_loop, fn, dtype: torch.dtype) ->
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
 def test_looped_layer_norm_variance_in_one_pass(narrow_rows_loop) -> None:
     """layer_norm's mean and variance come from one Welford pass over the row
-    (codegen/row_looped.py): rows of one repeated value get a variance of exactly
+    (kinds/row_looped.py): rows of one repeated value get a variance of exactly
     0, as ATen's, so sqrt(var) is 0, not nan; other rows match eager."""
 
     def f(x: torch.Tensor) -> torch.Tensor:
@@ -361,7 +362,7 @@ def test_looped_rows_symbolic_width(fn) -> None:
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
 @pytest.mark.parametrize("extra, template", [(0, "row"), (1, "row_looped")])
 def test_wide_row_threshold(extra: int, template: str) -> None:
-    from rewritec.codegen import row_looped
+    from rewritec.kinds import row_looped
 
     cols = row_looped.PERSISTENT_ROW_MAX_COLS + extra
     _run(rms_norm, "triton", torch.randn(2, cols), torch.randn(cols), template=template)
@@ -371,7 +372,7 @@ def test_wide_row_threshold(extra: int, template: str) -> None:
 @pytest.mark.parametrize("cols, blocks", [(100, (128, 64)), (300, (512, 64))])
 def test_looped_chunk_static_and_symbolic(monkeypatch, cols: int, blocks: tuple) -> None:
     """A static width loops over chunks of up to STATIC_LOOPED_BLOCK_C, a symbolic
-    one over LOOPED_BLOCK_C (codegen/spec.py: chunk)."""
+    one over LOOPED_BLOCK_C (kinds/spec.py: chunk)."""
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
     monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 512)
     monkeypatch.setattr(spec_mod, "LOOPED_BLOCK_C", 64)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rewritec import report
-from rewritec.codegen.reduction_launch import ReductionTritonLauncher
+from rewritec.runtime.reduction_launch import ReductionTritonLauncher
 from test_kernels import _layout, layer_norm, log_softmax, rms_norm, softmax
 from test_kernels_reduction import (REDUCE_2D, REDUCE_3D, _run, _run_nan, _special,
                                     both_phases, norm_02, sum_over_max)

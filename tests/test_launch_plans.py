@@ -1,4 +1,4 @@
-"""Launch plans (codegen/launch.py: Launcher._learn): after a launch through a
+"""Launch plans (runtime/launch.py: Launcher._learn): after a launch through a
 remembered runner, later launches with the same input signature allocate the
 output and call the runner directly, skipping the geometry and key work. On the
 GPU the runner is Triton's; here a stand-in kernel runs on the CPU."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import rewritec
-from rewritec.codegen import launch
-from rewritec.codegen.launch import Launcher
+from rewritec.runtime import launch
+from rewritec.runtime.launch import Launcher
 
 
 class Kernel:
@@ -99,7 +99,7 @@ class Counted(Kernel):
 
 class SplitSum(Launcher):
     """A launcher that launches twice through two kernels, with a scratch tensor
-    between them, as a split reduction does (codegen/reduction_launch.py)."""
+    between them, as a split reduction does (runtime/reduction_launch.py)."""
 
     def __init__(self, partial: Counted, combine: Counted, jit_combine: bool = False) -> None:
         super().__init__(spec=None, kernel=partial, fallback=lambda x: x.sum(0) * 3.0)
@@ -311,7 +311,7 @@ def test_reductions_on_the_gpu_replay_their_plans(monkeypatch: pytest.MonkeyPatc
     one learn a plan on a real GPU, and the replays stay right."""
     import gc
 
-    from rewritec.codegen.reduction_launch import ReductionTritonLauncher
+    from rewritec.runtime.reduction_launch import ReductionTritonLauncher
 
     monkeypatch.undo()  # the real device, allocator and current-device query
 

@@ -1,4 +1,4 @@
-"""The layout phase (codegen/layout.py): convolutions in channels_last.
+"""The layout phase (passes/layout.py): convolutions in channels_last.
 
 `auto` converts on CUDA only, so these tests force `conv_layout="channels_last"`
 on the CPU: the compiled model must compute what eager computes, hand back
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from models import no_fallback, tol
 from rewritec import report
-from rewritec.codegen.build import cxx
-from rewritec.codegen.kernels import dense_order
+from rewritec.kinds.kernels import dense_order
 from rewritec.options import Options
+from rewritec.runtime.build import cxx
 from torch import nn
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -278,7 +278,7 @@ def test_auto_converts_where_it_pays_off(model: type, expected: str,
     # Where a copied element costs 3/4 of what an NHWC output element saves (an H200
     # before the copies were tiled kernels), a lone conv pays for its input's
     # conversion and its output's restore without gaining enough; two convolutions gain.
-    from rewritec.codegen import layout
+    from rewritec.passes import layout
 
     monkeypatch.setitem(layout.COPY_COST, "cpu", (3, 4))
     c_in = 3 if model is ConvBnReLU else 4
@@ -317,7 +317,7 @@ def test_dense_order() -> None:
 
 @pytest.mark.parametrize("shape", [(), (5,), (2, 3, 4), (0, 3), (3, 0, 2), (1, 1, 7)])
 def test_launch_outputs_get_torch_contiguous_strides(shape) -> None:
-    from rewritec.codegen.launch import dense_strides, empty_strided
+    from rewritec.runtime.launch import dense_strides, empty_strided
 
     assert dense_strides(shape) == torch.empty(shape).stride()
     out = empty_strided(shape, dense_strides(shape), torch.float16, torch.device("cpu"))

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 import rewritec
 from rewritec import report
-from rewritec.codegen import kernels, launch
-from rewritec.codegen.build import cxx
-from rewritec.codegen.launch import KernelFallback
+from rewritec.kinds import kernels
+from rewritec.runtime import launch
+from rewritec.runtime.build import cxx
+from rewritec.runtime.launch import KernelFallback
 from rewritec.engine.fuse import fuse
 from rewritec.engine.ops import default_op_table
 from rewritec.engine.term import Graph, Meta, TermStore

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import torch
 from rewritec import report
-from rewritec.codegen.launch import KernelFallback
 from rewritec.compiler import RewritecWarning
+from rewritec.runtime.launch import KernelFallback
 
 # Clean fallbacks: a graph (RewritecWarning) or one kernel (KernelFallback) run by ATen.
 FALLBACK_WARNINGS = (RewritecWarning, KernelFallback)

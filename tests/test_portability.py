@@ -16,9 +16,9 @@ import torch
 
 import rewritec
 from rewritec import report
-from rewritec.codegen import build, disk_cache
-from rewritec.codegen.build import NoOpenMPWarning
-from rewritec.codegen.launch import KernelFallback
+from rewritec.runtime import build, disk_cache
+from rewritec.runtime.build import NoOpenMPWarning
+from rewritec.runtime.launch import KernelFallback
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ reference, where rewritec's error may be at most a small factor over ATen's own.
 
 ATen sums pairwise; a kernel whose every vector lane (OpenMP) or block lane (Triton)
 adds a long run of values one after another drifts with the length
-(codegen/accumulators.py, codegen/reduction.py: triton_accumulate). The OpenMP
+(kinds/accumulators.py, kinds/reduction.py: triton_accumulate). The OpenMP
 cases are long enough to show it (ten million 0.1s were 0.3% off); the Triton ones,
 under the interpreter, are smaller and aim at its loops: a looped row, a reduction
 split over programs. Half inputs accumulate in f32, so their sums are checked as

@@ -189,7 +189,7 @@ def test_a_region_called_with_another_layout_gets_its_own_fake_values() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from rewritec.frontend.regions import _layout, _typed
+    from rewritec.aten.regions import _layout, _typed
 
     with FakeTensorMode() as mode:
         sub = make_fx(lambda x: (x * 2.0).sin())(mode.from_tensor(torch.randn(4, 6)))
@@ -206,7 +206,7 @@ def test_region_bodies_are_what_cuda_graph_replay_checks() -> None:
     the graph: a replay runs their kernels too."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from rewritec.frontend.regions import region_bodies
+    from rewritec.aten.regions import region_bodies
 
     graphs: list[torch.fx.GraphModule] = []
 

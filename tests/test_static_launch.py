@@ -1,4 +1,4 @@
-"""codegen/static_launch.py: the binary Triton's JIT compiled for a call is stored,
+"""runtime/static_launch.py: the binary Triton's JIT compiled for a call is stored,
 found again only for the same call, never loaded when damaged, and launched with
 the arguments the binary takes; a graph loaded from the graph cache in a new
 process launches its kernels from those binaries, without importing them.
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from rewritec.codegen import static_launch
-from rewritec.codegen.triton_direct import DirectKernel
+from rewritec.runtime import static_launch
+from rewritec.runtime.triton_direct import DirectKernel
 
 CALL = ((("BLOCK", 128),), ((torch.float32, 0), (torch.float32, 0), 1000))
 
@@ -243,9 +243,9 @@ def test_a_new_call_is_compiled_ahead_and_launched_statically_from_its_first_cal
 GPU_SCRIPT = """
 import sys, torch
 from rewritec import report
-from rewritec.codegen import triton_direct
+from rewritec.runtime import triton_direct
 jitted = []  # compiles: JIT launches, binaries compiled ahead of their launch, by the JIT
-def counting(real):  # or by the compile worker (codegen/ahead.py)
+def counting(real):  # or by the compile worker (runtime/ahead.py)
     def counted(self, *a):
         run = real(self, *a)
         if run is not None or real.__name__ == "_jit":
@@ -290,7 +290,7 @@ def test_a_new_process_launches_stored_binaries_without_loading_kernels(tmp_path
         assert proc.returncode == 0, proc.stderr[-3000:]
         seen.append(proc.stdout.split("RESULT")[-1].split())
     (cached0, jitted0, _, kernels0), (cached1, jitted1, loaded1, kernels1) = seen
-    # the first process compiles every kernel: the compile workers (codegen/ahead.py)
+    # the first process compiles every kernel: the compile workers (runtime/ahead.py)
     # without loading its module here, else the JIT
     assert cached0 == "False" and int(jitted0) >= int(kernels0) >= 5
     assert (cached1, jitted1, loaded1, kernels1) == ("True", "0", "False", kernels0)

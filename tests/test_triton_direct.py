@@ -1,4 +1,4 @@
-"""codegen/triton_direct.py: a kernel is launched through its compiled binary only
+"""runtime/triton_direct.py: a kernel is launched through its compiled binary only
 for a call the JIT would have compiled the same way.
 
 The bookkeeping is checked on the CPU against a stand-in for Triton's JIT (which
@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rewritec.codegen import triton_direct
-from rewritec.codegen.triton_direct import DirectKernel
+from rewritec.runtime import triton_direct
+from rewritec.runtime.triton_direct import DirectKernel
 
 
 class FakeCompiled:
@@ -242,7 +242,7 @@ def test_compiled_graphs_launch_every_kernel_directly_from_the_second_call(monke
     results stay equal to eager. Runs the kernels through the interpreter on a CPU
     (the compiled-mode JIT on a GPU)."""
     import rewritec
-    from rewritec.codegen import launch
+    from rewritec.runtime import launch
 
     made: list[DirectKernel] = []
     cuda = torch.cuda.is_available()
@@ -268,7 +268,7 @@ def test_compiled_graphs_launch_every_kernel_directly_from_the_second_call(monke
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     launched = [k for k in made if k.jitted or k.direct]
     assert len(launched) >= 8, len(launched)
-    # a kernel whose binary another test stored (codegen/static_launch.py) skips the JIT
+    # a kernel whose binary another test stored (runtime/static_launch.py) skips the JIT
     # from its first call
     # (on a GPU, a new call's binary is compiled ahead, by the compile worker or by the
     # JIT without launching, and launched statically at once)

@@ -1,4 +1,4 @@
-"""codegen/triton_startup.py: Triton's start-up runs on a thread that CUDA graphs
+"""runtime/triton_startup.py: Triton's start-up runs on a thread that CUDA graphs
 begin and kernel loads join; CPU graphs never begin it, and its failures never
 reach the caller."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 import rewritec
 import torch
-from rewritec.codegen import triton_startup
+from rewritec.runtime import triton_startup
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ def test_the_start_up_imports_what_tritons_first_compile_would() -> None:
     import sys
 
     script = ("import sys, triton\n"
-              "from rewritec.codegen import triton_startup as s\n"
+              "from rewritec.runtime import triton_startup as s\n"
               "before = set(sys.modules)\n"
               "s._import_compiler()\n"
               "new = [m for m in s.COMPILER_MODULES if m in sys.modules and m not in before]\n"

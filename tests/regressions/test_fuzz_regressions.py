@@ -47,11 +47,11 @@ TARGETS = pytest.mark.parametrize("options", [ATEN, AUTO, triton()], ids=lambda 
 
 # --------------------------------------------------------------------------- scalar comparisons
 # Found by test_fuzz_forward (quick profile, 3rd example); 21 of the 22 OpInfo
-# failures were this bug too. frontend/aten.py:_accepts let a comparison's
+# failures were this bug too. aten/bridge.py:_accepts let a comparison's
 # .Tensor overload take a Python number, so `aten.lt.Scalar(x, 0.5)` was lowered
 # to `aten.lt.Tensor(x, 0.5)`, which ATen rejects at run time (only
 # add/sub/mul/div.Tensor wrap numbers): `(x > 0.5).float()` failed, and so did
-# every backward of an indexing op. Fixed (WRAPS_NUMBERS in frontend/aten.py).
+# every backward of an indexing op. Fixed (WRAPS_NUMBERS in aten/bridge.py).
 def test_where_of_a_scalar_comparison() -> None:
     # torch.where(x < 0.0, x, 0.0): aten.lt.Scalar in the captured graph.
     check_graph(Graph((
@@ -72,7 +72,7 @@ def test_select_backward() -> None:
 
 def test_scalar_comparison_of_a_frozen_parameter() -> None:
     # With a frozen parameter the comparison is constant-folded at compile time
-    # (frontend/fold.py runs the same lowering): the compilation itself failed.
+    # (aten/fold.py runs the same lowering): the compilation itself failed.
     check_graph(Graph((
         Input(()),
         Op('where_s', (0,), ('ne', 0.5, 0.0)),
@@ -178,7 +178,7 @@ def test_output_view_of_another_output_after_merging() -> None:
 
 # --------------------------------------------------------------------------- decompositions
 # Found by scripts/fuzz_long.py (seed 71, aten). Fixed: view and _unsafe_view now
-# run as aten.reshape (frontend/aten.py:RUN_AS_RESHAPE), the same view when one is
+# run as aten.reshape (aten/bridge.py:RUN_AS_RESHAPE), the same view when one is
 # possible and a copy otherwise. The cause, as found:
 DECOMPOSITION_STRIDES = (
     "engine/rewrite.py:_same_value_type accepts a replacement whose strides differ "
@@ -287,7 +287,7 @@ def test_relu_float64_openmp_kernel() -> None:
 # `commutative: true` lets the engine swap operands; tl.maximum defaults to
 # propagate_nan=NONE). Row kernels reduced amax/amin with std::max and
 # `omp simd reduction(max:)` or tl.max, which drop NaN too. torch propagates NaN.
-# Fixed (rules/ops.yaml expressions, codegen/kernels.py reductions).
+# Fixed (rules/ops.yaml expressions, kinds/kernels.py reductions).
 @TARGETS
 @pytest.mark.parametrize("op", [torch.maximum, torch.minimum], ids=lambda f: f.__name__)
 def test_maximum_propagates_nan_in_kernels(options: dict, op: object) -> None:
@@ -411,7 +411,7 @@ def test_bfloat16_store_rounds_to_nearest_in_triton() -> None:
 
 # --------------------------------------------------------------------------- layouts
 # Found by scripts/fuzz_long.py (seed 4242, targets aten and auto). The layout phase
-# (codegen/layout.py) ran a bf16 CPU convolution in channels_last, where ATen's
+# (passes/layout.py) ran a bf16 CPU convolution in channels_last, where ATen's
 # convolution gives nan for an infinite input that NCHW (and float64) give as inf.
 # Fixed: `auto` leaves bf16 CPU convolutions in their layout (AUTO_EXCLUDED).
 @pytest.mark.parametrize("options", [ATEN, AUTO], ids=lambda o: o["target"])
@@ -428,7 +428,7 @@ def test_bf16_convolution_of_infinite_inputs(options: dict) -> None:
 # Found by scripts/fuzz_long.py (seed 31337, target triton). fuse-matmul's guard
 # (dtype(root) != f32) let an f64 product into the matmul template, which accumulates
 # in float32: under the interpreter the result was garbage (1.6e-314 for -1.80).
-# Fixed: codegen/kernels.py:can_compile keeps f64 products out of kernels.
+# Fixed: kinds/kernels.py:can_compile keeps f64 products out of kernels.
 @pytest.mark.parametrize("options", [ATEN, AUTO, triton()], ids=lambda o: o["target"])
 def test_f64_matmul_with_a_bias(options: dict) -> None:
     check_graph(Graph((

@@ -10,7 +10,7 @@ import rewritec
 import torch
 
 
-# Found by OpInfo `chalf` (x.chalf()). frontend/aten.py:DTYPES had no entry for
+# Found by OpInfo `chalf` (x.chalf()). aten/bridge.py:DTYPES had no entry for
 # complex32, uint16, uint32, float8_*...: from_torch_attr stored such a dtype as
 # dtype_name()'s fallback string ('complex32'), to_torch_attr converted back only
 # names in TORCH_DTYPES, so the wrapper called aten._to_copy(x, dtype='complex32')

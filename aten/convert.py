@@ -1,0 +1,215 @@
+"""FX graph (ATen level) -> term graph.
+
+Each `call_function` node becomes a term:
+- an op of the op table when its overload is listed there (operands in schema
+  order, every other schema argument as an attribute, defaults filled in), so
+  rules can match it by name;
+- otherwise a generic `aten` term that remembers the overload and the call's
+  structure, so it still runs through ATen unchanged;
+- python callables on sizes (`operator.mul` on SymInts, ...) become `call` terms.
+
+Metadata comes from the fake values that AOTAutograd leaves in `node.meta`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..engine.term import Graph, Term, TermStore, freeze
+from .bridge import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
+from .regions import Region
+
+
+class Unsupported(Exception):
+    """The FX graph holds something the term IR cannot represent faithfully."""
+
+
+@dataclass
+class Converted:
+    graph: Graph
+    store: TermStore
+    bridge: Bridge
+    # The FX node whose memory each output uses (views followed back to their base;
+    # None for a None output): hash-consing may merge two outputs that eager
+    # returns as two separate tensors.
+    output_nodes: tuple[Any, ...] = ()
+
+
+def _input_kind(value: Any, is_param: bool | None) -> str:
+    if is_param:
+        return "param"
+    if isinstance(value, torch.SymInt | int):
+        return "size"
+    return "input"
+
+
+def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
+                params: list[bool] | None = None,
+                frozen: dict[int, torch.Tensor] | None = None) -> Converted:
+    """Convert `gm`. Inputs listed in `frozen` are used as the given constant
+    tensors (they stay in the graph's input list, unused)."""
+    from .fold import tensor_term
+
+    store = TermStore(bridge.meta_hook)
+    env: dict[torch.fx.Node, Term] = {}
+    inputs: list[Term] = []
+    outputs: tuple[Term | None, ...] = ()
+    output_nodes: tuple[Any, ...] = ()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            value = node.meta.get("val")
+            i = len(inputs)
+            kind = _input_kind(value, params[i] if params and i < len(params) else None)
+            term = store.make("input", (), (("name", node.name), ("index", i), ("kind", kind)),
+                              meta=meta_of(value))
+            inputs.append(term)
+            env[node] = term
+            if frozen and i in frozen:
+                env[node] = tensor_term(store, bridge, frozen[i], f"param{i}")
+        elif node.op == "call_function":
+            env[node] = _convert_call(node, env, store, bridge)
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, tuple | list) else (outs,)
+            outputs = tuple(_output(o, env) for o in outs)
+            output_nodes = tuple(_fx_base(o) if isinstance(o, torch.fx.Node) else None
+                                 for o in outs)
+        elif node.op == "get_attr":
+            # A constant tensor held by the graph module (torch.tensor(...) in forward).
+            value = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            if not isinstance(value, torch.Tensor):
+                raise Unsupported(f"get_attr node {node.target!r} of type {type(value).__name__}")
+            env[node] = tensor_term(store, bridge, value, str(node.target))
+        else:
+            raise Unsupported(f"FX node kind {node.op!r}")
+    return Converted(Graph(tuple(inputs), outputs), store, bridge, output_nodes)
+
+
+def _fx_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage `node` shares: views and getitems followed back."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        source, target = node.args[0], node.target
+        if target is operator.getitem:
+            node = source
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            break
+        returns = target._schema.returns
+        if not returns or returns[0].alias_info is None:
+            break
+        node = source
+    return node
+
+
+def _output(o: Any, env: dict[torch.fx.Node, Term]) -> Term | None:
+    if o is None:
+        return None
+    if isinstance(o, torch.fx.Node):
+        return env[o]
+    raise Unsupported(f"graph output of type {type(o).__name__}")
+
+
+def _has_node(x: Any) -> bool:
+    if isinstance(x, torch.fx.Node):
+        return True
+    if isinstance(x, list | tuple):
+        return any(_has_node(v) for v in x)
+    if isinstance(x, dict):
+        return any(_has_node(v) for v in x.values())
+    return False
+
+
+def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: TermStore,
+                  bridge: Bridge) -> Term:
+    target = node.target
+    meta = meta_of(node.meta["val"]) if "val" in node.meta else None
+    if target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+            and isinstance(node.args[1], int):
+        return store.make("getitem", (env[node.args[0]],), (("index", node.args[1]),), meta)
+    if isinstance(target, torch._ops.OpOverload):
+        if target._schema.is_mutable:
+            raise Unsupported(f"mutating op {target}")
+        nonce: tuple[tuple[str, Any], ...] = ()
+        if torch.Tag.nondeterministic_seeded in target.tags:
+            # Two random draws are never the same term, even with equal arguments.
+            nonce = (("nonce", node.name),)
+        term = _table_term(node, target, env, store, bridge, meta, nonce)
+        if term is not None:
+            return term
+        return _generic(node, "aten", target, env, store, meta, nonce)
+    if callable(target):
+        label = getattr(target, "__name__", type(target).__name__)
+        # two calls of a region are never one term: a region may draw random numbers
+        nonce = (("nonce", node.name),) if isinstance(target, Region) else ()
+        return _generic(node, "call", Opaque(target, label), env, store, meta, nonce)
+    raise Unsupported(f"call target {target!r}")
+
+
+def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
+                env: dict[torch.fx.Node, Term], store: TermStore, bridge: Bridge,
+                meta: Any, nonce: tuple[tuple[str, Any], ...]) -> Term | None:
+    namespace, _, base = target._schema.name.rpartition("::")
+    name = f"{base}.{target._overloadname}"
+    info = bridge.table.by_aten.get(name if namespace == "aten" else f"{namespace}::{name}")
+    if info is None:
+        return None
+    schema_args = target._schema.arguments
+    bound: dict[str, Any] = {}
+    for arg, value in zip(schema_args, node.args, strict=False):
+        bound[arg.name] = value
+    bound.update(node.kwargs)
+    operands: list[Term] = []
+    attrs: list[tuple[str, Any]] = []
+    positions = operand_positions(schema_args, len(info.args))
+    if len(positions) < len(info.args):
+        return None
+    for i, arg in enumerate(schema_args):
+        if arg.name in bound:
+            value = bound[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            return None
+        if i in positions:
+            if isinstance(value, torch.fx.Node):
+                operands.append(env[value])
+            elif _has_node(value):
+                return None
+            else:
+                operands.append(store.const(from_torch_attr(value)))
+        else:
+            if _has_node(value) or arg.name not in info.attrs:
+                return None  # symbolic attribute or one the table does not know
+            attrs.append((arg.name, from_torch_attr(value)))
+    order = bridge.table.order[name]
+    ordered: list[Term] = [operands[0]] * len(operands)
+    for k, term in enumerate(operands):
+        ordered[order[k]] = term
+    return store.make(info.name, ordered, tuple(attrs) + nonce, meta)
+
+
+def _generic(node: torch.fx.Node, op: str, target: Any, env: dict[torch.fx.Node, Term],
+             store: TermStore, meta: Any, nonce: tuple[tuple[str, Any], ...]) -> Term:
+    operands: list[Term] = []
+
+    def slot(x: Any) -> Any:
+        if isinstance(x, torch.fx.Node):
+            operands.append(env[x])
+            return Slot(len(operands) - 1)
+        if isinstance(x, list | tuple):
+            return tuple(slot(v) for v in x)
+        if isinstance(x, torch.dtype | torch.device | torch.layout | torch.memory_format):
+            return Opaque(x, repr(x))
+        return x
+
+    args = tuple(slot(a) for a in node.args)
+    kwargs = tuple((k, slot(v)) for k, v in node.kwargs.items())
+    return store.make(op, operands, (("target", target), ("spec", freeze((args, kwargs))))
+                      + nonce, meta)

@@ -1,0 +1,147 @@
+"""What a generated kernel is, as its launcher needs it: `KernelSpec` and its inputs.
+
+Kept apart from the renderers (kinds/kernels.py and the modules beside it) and
+free of torch and the rule engine, so that a graph loaded from the graph cache
+(runtime/graph_cache.py), which only launches kernels, imports only this,
+runtime/launch.py and what they use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine.term import Term
+
+
+# The key of `meta` under which launch.cached_geometry keeps a spec's launch
+# geometries: a run-time cache, never stored with the spec (`for_launch`).
+GEOMETRY_CACHE = "geometry"
+
+
+@dataclass
+class KInput:
+    name: str  # in0, in1, ...
+    dtype: str
+    flat: bool  # contiguous with the space's shape: offset is the linear index
+    per_row: bool  # row kernels: one value per row ([R..., 1])
+    rank: int  # the space's rank (strides are passed for every dim)
+    shared: bool = False  # row kernels: one row for every row (layer_norm's weight)
+
+
+@dataclass
+class KOutput:
+    """One tensor a kernel writes: the root's value (the first), or a side output
+    (engine/fuse.py), a member whose value users outside the kernel read too."""
+
+    name: str  # out (the root's), out1, out2, ...
+    dtype: str
+    per_row: bool  # row kernels: one value per row ([R..., 1]); else the space's shape
+    shape: tuple[Any, ...]  # in the graph's dim order
+
+
+@dataclass
+class KernelSpec:
+    name: str
+    kind: str  # pointwise | row | reduction | matmul | attention
+    rule: str
+    location: str
+    template: str
+    inputs: list[KInput]
+    body: list[Term]
+    root: Term
+    # What the kernel writes, the root's value first. One output: the launcher returns
+    # that tensor; several (side outputs: pointwise and row kernels): their tuple.
+    outputs: list[KOutput]
+    rank: int  # rank of the iteration space (row: rank of [R..., C])
+    replaced_ops: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    # The body terms the outputs hold, in their order (dropped with the body).
+    written: list[Term] = field(default_factory=list)
+    # Set on the copy a launcher keeps for the graph cache (runtime/graph_cache.py),
+    # which drops the body: what `compute` found while the body was there.
+    compute_dtype: str | None = None
+    # Time launch configurations at each new call and keep the fastest (mode
+    # max-autotune; runtime/autotune.py). Off: the launchers' heuristics alone.
+    autotune: bool = False
+
+    @property
+    def out_dtype(self) -> str:
+        """The root's (the first output's) dtype."""
+        return self.outputs[0].dtype
+
+    @property
+    def per_row_out(self) -> bool:
+        """Whether the root's value is one value per row (a row kernel's reduction)."""
+        return self.outputs[0].per_row
+
+    @property
+    def compute(self) -> str:
+        """The dtype kernel arithmetic runs in: f64 if anything is f64, else f32."""
+        if self.compute_dtype is not None:
+            return self.compute_dtype
+        dtypes = {t.meta.dtype for t in self.body if t.op != "const"}
+        return "f64" if "f64" in dtypes else "f32"
+
+    def for_launch(self) -> KernelSpec:
+        """This spec without its terms: what launching needs, and all a cache stores.
+        Launch geometries cached on the spec (launch.cached_geometry: runtime/ahead.py
+        predicts a first launch before the graph is stored) are left to be remade."""
+        meta = {k: v for k, v in self.meta.items() if k != GEOMETRY_CACHE}
+        return replace(self, body=[], root=None, compute_dtype=self.compute,  # type: ignore[arg-type]
+                       meta=meta, written=[])
+
+
+def block_pow2(n: int) -> int:
+    """A power-of-two block of at least n (and 16, tl.dot's least) values."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def static_width(spec: KernelSpec) -> int | None:
+    """A row kernel's row length when it is static; None when it is symbolic."""
+    cols = spec.meta["shape"][spec.meta["dim"]]
+    return cols if isinstance(cols, int) else None
+
+
+def size_params(spec: KernelSpec) -> list[str]:
+    """A Triton kernel's `size{k}` parameters: compile-time constants when the shape is
+    static, as the graph's shapes are unless TorchDynamo made them symbolic. A strided
+    or broadcast input's offset divides the linear index by sizes; by a constant that
+    is a shift or a multiply, by a run-time value a 20-odd-instruction division per
+    element, which left gelu(x + b) at 8192x4096 on an H100 between 0.094 ms (as fast
+    as Inductor, whose sizes are constants too) and 0.184 ms from one process to the
+    next. Triton compiles one binary per set of values, as it does per shape anyway."""
+    static = all(isinstance(n, int) for n in spec.meta.get("shape") or ())
+    return [f"size{k}: tl.constexpr" if static else f"size{k}" for k in range(spec.rank)]
+
+
+# Columns per chunk of a looped row kernel (kinds/row_looped.py) when the width
+# is static: the whole row up to 32K (32 values a thread at 32 warps), so a 32K row
+# is one chunk.
+STATIC_LOOPED_BLOCK_C = 32768
+# ... and when it is symbolic, where the loop's trip count is unknown: 8 values a
+# thread at 32 warps. On an H100 (1024 rows of 32K f32, run-time width) a layer_norm
+# ran 0.157 / 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
+LOOPED_BLOCK_C = 8192
+
+
+def chunk(spec: KernelSpec, block: int) -> int:
+    """BLOCK_C of a looped kernel whose row fits a power-of-two block of `block`."""
+    static = static_width(spec) is not None
+    return min(block, STATIC_LOOPED_BLOCK_C if static else LOOPED_BLOCK_C)
+
+
+def stride_params(spec: KernelSpec) -> list[str]:
+    """A `reduction` kernel's stride arguments in launch order (kinds/reduction.py):
+    per input, the input space's (permuted) strides if the prologue reads it strided,
+    then the output's if the epilogue does."""
+    params = []
+    kept = len(spec.meta["kept"])
+    for i, inp in enumerate(spec.inputs):
+        phases = spec.meta["phases"][i]
+        if "in" in phases and not spec.meta["in_flat"][i]:
+            params += [f"{inp.name}_stride{k}" for k in range(spec.rank)]
+        if "out" in phases and not spec.meta["out_flat"][i]:
+            params += [f"{inp.name}_out_stride{k}" for k in range(kept)]
+    return params

@@ -1,0 +1,403 @@
+"""Replaying a compiled graph as one CUDA graph (`Options.cudagraphs`).
+
+A compiled graph launches each kernel and library call from Python, tens of
+microseconds apiece; when the kernels are short the GPU waits on Python. A CUDA
+graph records every launch once and replays them with one call.
+
+The runner keeps results exactly as without it:
+- only graphs whose arguments are all CUDA tensors, with no input mutation and
+  no random ops (`eligible`, decided at compile time): inference graphs under
+  `auto` and `on`, the forward and backward graphs of training under `on`
+  (mode="reduce-overhead");
+- one entry per combination of argument sizes, strides and dtypes, recorded at
+  the second call (the first compiles the kernels), at most `MAX_GRAPHS`;
+- a graph reads each argument either where the caller's tensor is (parameters,
+  results of another recorded graph such as the activations a forward graph saved
+  for its backward, and the very tensor the previous call passed, e.g. an input
+  buffer refilled in place), replayed only while those are at the recorded
+  addresses, or from a buffer of its own into which each call copies it;
+- results are new tensors over the graph's own output memory, not copies: a
+  graph is replayed only while no tensor over its previous results' memory is
+  alive (their storages' use counts, `_Slot.free`). A loop `y = f(x)` still
+  holds the last result while the next call runs, so an inference entry records
+  up to `SLOTS` graphs and alternates between them; when every one is busy, the
+  call runs the plain wrapper. A training forward graph hands the caller copies
+  of its user-visible results (the loss, logits) and the rest, the activations
+  autograd frees in the backward, over its memory; training graphs record one
+  graph per entry and share one memory pool between forward and backward (`Pool`);
+- under `auto`, only graphs of at least AUTO_MIN_LAUNCHES kernel launches and
+  ATen calls (AUTO_MIN_LAUNCHES_NO_MATMUL without matrix products) are replayed;
+  any capture error means the plain wrapper from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAX_GRAPHS = 8
+# Times a runner may retire a free graph to record it again on arguments it does
+# not read in place (see CudaGraphRunner._make_room)
+RERECORDS = 4
+# Graphs recorded per entry (see the module docstring): two serve a loop `y = f(x)`.
+SLOTS = 2
+# Under `auto`, graphs with fewer launches run plainly. Measured on an H200: the
+# fp16 GPT-2 block (about 30 launches) ran 0.64 ms replayed against 0.72 ms, while
+# one-kernel graphs (a 8192x4096 layer_norm) ran 0.125 ms replayed against 0.072:
+# the input copy and output clone cost more than one launch. (Choosing by timing
+# both at capture proved unreliable: it picked replay for those.) Since replays
+# copy nothing in a steady loop, such graphs time the same either way (H100,
+# do_bench: layer_norm_4k 0.102 ms plainly, 0.103 replayed; softmax_1k 0.0945 and
+# 0.0942), so replaying them would only hold a second copy of their memory.
+AUTO_MIN_LAUNCHES = 12
+# Graphs without matrix products wait on Python from 3 launches: conv+bn+relu (a
+# copy kernel, the conv, the epilogue) ran 0.101 ms replayed against 0.112, the
+# ResNet block (5 launches) 0.167 against 0.217 (H200). With products the GPU is
+# busy long enough: the fp16 MLP (cuBLAS, gelu, cuBLAS) lost, 0.257 against 0.241.
+# Without the copies (H100): conv+bn+relu 0.084 ms replayed against 0.104 plainly
+# (Inductor 0.088-0.157), the ResNet block 0.160 against 0.190 (Inductor 0.202-0.206).
+AUTO_MIN_LAUNCHES_NO_MATMUL = 3
+MATMUL_OPS = ("mm", "addmm", "bmm")
+MATMUL_TEMPLATES = ("triton/matmul", "triton/attention")
+
+
+def auto_declines(aten_ops: dict[str, int], kernels: list[dict[str, Any]]) -> str | None:
+    """Under `auto`: why a graph of these ATen calls and kernels is not replayed."""
+    launches = sum(aten_ops.values()) + len(kernels)
+    products = any(aten_ops.get(op) for op in MATMUL_OPS) or any(
+        k.get("template") in MATMUL_TEMPLATES for k in kernels)
+    least = AUTO_MIN_LAUNCHES if products else AUTO_MIN_LAUNCHES_NO_MATMUL
+    if launches < least:
+        kind = "with" if products else "without"
+        return f"{launches} launch(es) {kind} matrix products, fewer than {least} (auto)"
+    return None
+
+
+# FX targets that make a graph ineligible: results would differ between replays
+# (random numbers) or land in the graph's buffers instead of the caller's tensors.
+UNSAFE = ("copy_", "rand", "bernoulli", "dropout", "normal", "uniform", "exponential",
+          "multinomial", "set_", "resize_")
+
+
+def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
+             training: bool = False) -> str | None:
+    """None when the graph may be replayed; else why not. Training graphs (forward
+    and backward) only with `training` (cudagraphs="on": mode="reduce-overhead").
+    A training graph may write into its own inputs (`mutated_inputs`: BatchNorm's
+    running statistics), which a replay does where they are."""
+    if kind not in ("inference", "forward", "backward") or (
+            kind != "inference" and not training):
+        return f"a {kind} graph (only inference graphs are replayed under cudagraphs=auto)"
+    if aliased_outputs:
+        return "an output aliases an input"
+    writes = set(mutated_inputs(gm)) if kind != "inference" else set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node not in writes:
+            name = getattr(node.target, "__name__", str(node.target))
+            schema = getattr(node.target, "_schema", None)
+            if any(u in name for u in UNSAFE) or (schema is not None and schema.is_mutable):
+                return f"it calls {name}"
+    return None
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """The graph's `copy_(input, value)` nodes (AOTAutograd keeps the updates of
+    buffers that need no gradient so) and the input position each writes."""
+    places = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return {n: places[n.args[0]] for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+            and n.args and n.args[0] in places}
+
+
+def _uses(t: torch.Tensor) -> int:
+    """How many tensors hold `t`'s storage (the check's own reference included)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+# Storages of every recorded graph's outputs: a later graph reads such an argument
+# where it is (a backward graph reads the activations its forward graph saved), as
+# it reads parameters. Only a hint: every replay still checks the addresses.
+_GRAPH_OUTPUTS: set[int] = set()
+
+
+class Pool:
+    """The memory pool the CUDA graphs of one compiled TorchDynamo graph share (its
+    forward and backward graphs): a graph recorded later reuses what an earlier one
+    freed, so training holds about what eager holds at its peak, not the sum of
+    every graph's peak. The price is an order: a graph recorded earlier may write,
+    in the memory it used for temporaries, over the results of one recorded later,
+    so it replays only while those results are dead (`Pool.clear_after`)."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+        self.slots: list[_Slot] = []
+
+    def clear_after(self, slot: _Slot) -> bool:
+        """No slot recorded after `slot` in this pool holds results still alive."""
+        later = False
+        for other in self.slots:
+            if later and not other.free():
+                return False
+            later = later or other is slot
+        return True
+
+
+@dataclass
+class _Slot:
+    """One recorded graph of an entry."""
+
+    replay: Callable[[], Any]
+    reads: tuple[int, ...]  # the address of each argument the graph reads
+    # per argument, the buffer each call copies it into, or None for an argument read
+    # where it is (a parameter, another graph's result, a buffer refilled in place):
+    # replayed only while such arguments are at `reads`
+    buffers: list[torch.Tensor | None]
+    outputs: Sequence[Any]  # the graph's results (tensors over its own memory)
+    tensors: list[torch.Tensor]  # those results whose memory is the graph's
+    addresses: list[int]  # each tensor's address when recorded
+    # each result's storage use count when recorded, before any result was handed out.
+    # Exactly equal, not at most: a reference of the recording's that went away since
+    # could otherwise hide one of the caller's (the graph then runs plainly, never
+    # over a result still held)
+    uses: list[int]
+    # result positions handed out as copies: a forward graph's results for the caller
+    # (kept past the step, unlike the activations autograd frees in the backward) and
+    # results over an input buffer the next call refills
+    copies: frozenset[int] = frozenset()
+    static: tuple[int, ...] = ()  # the arguments read where they are
+
+    def free(self) -> bool:
+        """No tensor over the previous results' memory is alive (and no result's
+        storage was resized away from the graph's memory)."""
+        return all(o.data_ptr() == a and _uses(o) == u for o, a, u in
+                   zip(self.tensors, self.addresses, self.uses, strict=True))
+
+    def takes(self, args: Sequence[torch.Tensor]) -> bool:
+        """Are the arguments read in place where the graph reads them?"""
+        reads = self.reads
+        return all(args[i].data_ptr() == reads[i] for i in self.static)
+
+    def results(self) -> Any:
+        """New tensors over the results' memory (copies where `copies` says), in the
+        wrapper's container type."""
+        kind: Any = type(self.outputs)  # a list or a tuple
+        copies = self.copies
+        return kind((o.clone() if i in copies else o.detach()) if isinstance(o, torch.Tensor)
+                    else o for i, o in enumerate(self.outputs))
+
+
+@dataclass
+class _Entry:
+    params: list[torch.Tensor]  # parameter arguments, read in place
+    versions: list[int]  # their version counters when the first graph was recorded
+    slots: list[_Slot]
+
+
+def _addresses(args: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    return tuple(a.data_ptr() for a in args)
+
+
+def _seen(args: Sequence[torch.Tensor]) -> tuple[tuple[Any, int], ...]:
+    """Each argument (weakly) and its address, as a plain call passed them."""
+    return tuple((weakref.ref(a), a.data_ptr()) for a in args)
+
+
+class CudaGraphRunner:
+    """A boxed callable (takes a list of arguments) around the plain wrapper `fn`.
+
+    `kind` is the graph's (inference, forward or backward). Training graphs record
+    one graph per entry (`slots`), share `pool` between forward and backward, and a
+    forward graph hands its first `user_outputs` results out as copies: the caller
+    keeps those past the next step, while the activations saved for the backward
+    die in it."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any], params: Sequence[bool], mode: str,
+                 log: Callable[[str], None] | None = None, *, kind: str = "inference",
+                 user_outputs: int | None = None, pool: Pool | None = None,
+                 mutated: Sequence[int] = ()) -> None:
+        self.fn = fn
+        self.mutated = frozenset(mutated)  # inputs the graph writes into
+        self.params = list(params)
+        self.mode = mode  # "auto" or "on"
+        self.log = log or (lambda line: None)
+        self.kind = kind
+        self.user_outputs = user_outputs
+        self.pool = pool
+        self.slots = SLOTS if kind == "inference" else 1
+        # per key, the arguments (weakly) and addresses of the last plain call
+        self.seen: dict[Any, tuple[tuple[Any, int], ...]] = {}
+        self.graphs: dict[Any, _Entry] = {}
+        self.disabled: str | None = None
+        self.plain = 0  # calls that found every slot busy (tests read it)
+        self.rerecords = 0
+        self.replays = 0
+        self._boxed_call = True
+
+    @staticmethod
+    def _accepts(args: list[Any]) -> bool:
+        return all(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+
+    def _is_param(self, i: int) -> bool:
+        return i < len(self.params) and self.params[i]
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self.disabled is not None or not args:
+            return self.fn(args)
+        if not self._accepts(args):
+            return self.fn(args)
+        key = tuple([(a.shape, a.stride(), a.dtype, a.device) for a in args])
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
+                self.seen[key] = _seen(args)
+                return self.fn(args)
+            # Training graphs fold nothing, and the optimizer updates the parameters in
+            # place every step: only an inference graph's parameters are watched.
+            params = [a for i, a in enumerate(args) if self._is_param(i)
+                      and self.kind == "inference"]
+            entry = self.graphs[key] = _Entry(params, [p._version for p in params], [])
+        elif any(a._version != v for a, v in zip(entry.params, entry.versions, strict=True)):
+            # a parameter changed in place: constants folded from it (aten/fold.py)
+            # may be stale inside the graphs, so record them again
+            self._retire(entry.slots)
+            del self.graphs[key]
+            self.seen[key] = _seen(args)
+            return self.fn(args)
+        slot = self._pick(entry, args)
+        if slot is None:
+            if len(entry.slots) >= self.slots and not self._make_room(entry, args):
+                self.plain += 1
+                self.seen[key] = _seen(args)
+                return self.fn(args)
+            try:
+                slot = self._capture(args, self.seen.get(key))
+            except Exception as e:  # noqa: BLE001 - no graph: the plain wrapper stays
+                self.disabled = f"capture failed: {type(e).__name__}: {e}"
+                self.log(f"CUDA graph off: {self.disabled}")
+                torch.cuda.synchronize()
+                return self.fn(args)
+            entry.slots.append(slot)
+        for buf, a in zip(slot.buffers, args, strict=True):
+            if buf is not None and buf.data_ptr() != a.data_ptr():
+                buf.copy_(a)
+        slot.replay()
+        self.replays += 1
+        args.clear()  # as the plain wrapper does: the caller's references are its own
+        return slot.results()
+
+    def _make_room(self, entry: _Entry, args: list[torch.Tensor]) -> bool:
+        """Every slot is taken. One that is free but reads in place a tensor the
+        caller no longer passes (an input the allocator happened to place at the same
+        address twice) is retired, up to RERECORDS times, so that it is recorded again."""
+        if self.rerecords >= RERECORDS:
+            return False
+        for slot in entry.slots:
+            if slot.free() and not slot.takes(args):
+                self.rerecords += 1
+                entry.slots.remove(slot)
+                self._retire([slot])
+                return True
+        return False
+
+    def _retire(self, slots: list[_Slot]) -> None:
+        if self.pool is not None:
+            self.pool.slots = [s for s in self.pool.slots if s not in slots]
+
+    def _pick(self, entry: _Entry, args: list[torch.Tensor]) -> _Slot | None:
+        """A free slot that reads the arguments it reads in place where they are, and
+        whose replay overwrites no result still held."""
+        for slot in entry.slots:
+            if slot.takes(args) and slot.free() and (
+                    self.pool is None or self.pool.clear_after(slot)):
+                return slot
+        return None
+
+    def _capture(self, args: list[torch.Tensor], seen: tuple[Any, ...] | None) -> _Slot:
+        # Read in place: parameters, results of recorded graphs (a backward graph's
+        # saved activations) and the very tensors the previous call passed, at the same
+        # address (an input buffer refilled in place); copy the rest into buffers.
+        static = tuple(i for i, a in enumerate(args) if self._is_param(i)
+                       or _storage(a) in _GRAPH_OUTPUTS
+                       or (seen is not None and seen[i][0]() is a
+                           and seen[i][1] == a.data_ptr()))
+        if not self.mutated <= set(static):
+            # a copy would take the update the caller's tensor must see
+            raise RuntimeError("an input the graph writes into is not read in place")
+        inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+        replay, outputs = self._record(inputs)
+        buffers = [None if i in static else a for i, a in enumerate(inputs)]
+        given = {_storage(a): i for i, a in enumerate(inputs)}
+        tensors, copies = [], set()
+        for i, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            reads = given.get(_storage(o))
+            if self.user_outputs is not None and i < self.user_outputs:
+                copies.add(i)
+            elif reads is not None:
+                if reads not in static:
+                    copies.add(i)  # over a buffer the next call refills
+                continue  # a view of a tensor the caller owns: not the graph's memory
+            if i not in copies or reads is None:
+                tensors.append(o)
+        slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
+                     [o.data_ptr() for o in tensors], [_uses(o) for o in tensors],
+                     frozenset(copies), static)
+        _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
+        if self.pool is not None:
+            self.pool.slots.append(slot)
+        where = ("the caller's tensors" if len(static) == len(args) else
+                 f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in")
+        self.log(f"CUDA graph recorded for {len(args)} argument(s), reading {where}: "
+                 "replayed from now on")
+        return slot
+
+    def _record(self, inputs: list[torch.Tensor]) -> tuple[Callable[[], Any], Sequence[Any]]:
+        """Record `fn` on `inputs` as a CUDA graph: its replay and its outputs."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        # the warm-up run writes into the inputs the graph updates: undone after it,
+        # so that they are updated once, by the replay that follows the recording
+        before = [(inputs[i], inputs[i].clone()) for i in sorted(self.mutated)]
+        with torch.cuda.stream(side):
+            self.fn(list(inputs))  # allocations and library handles made outside the capture
+            for dst, src in before:
+                dst.copy_(src)
+        torch.cuda.current_stream().wait_stream(side)
+        del before
+        graph = torch.cuda.CUDAGraph()
+        pool = self.pool
+        if pool is not None and pool.handle is None:
+            pool.handle = torch.cuda.graph_pool_handle()
+        try:
+            with torch.cuda.graph(graph, pool=None if pool is None else pool.handle):
+                outputs = self.fn(list(inputs))
+        except BaseException:
+            _after_failed_capture(graph)
+            raise
+        return graph.replay, outputs
+
+
+def _after_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """Undo what a capture that CUDA invalidated (a synchronising call inside it) leaves
+    behind: its end then raises before the allocator stops sending this thread's
+    allocations to the graph's pool, and before the default generator leaves capture
+    mode, so every later random op on the device failed ("Offset increment outside
+    graph capture") and the process was lost for every model after it."""
+    device = torch.cuda.current_device()
+    with contextlib.suppress(RuntimeError):  # already ended when the capture itself ended
+        torch._C._cuda_endAllocateToPool(device, graph.pool())
+    gen = torch.cuda.default_generators[device]
+    with contextlib.suppress(RuntimeError, AttributeError):
+        # a fresh copy of the state: the same seed and offset, out of capture mode
+        gen.graphsafe_set_state(gen.clone_state())

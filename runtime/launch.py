@@ -1,0 +1,593 @@
+"""Launching generated kernels: the launchers a compiled graph calls.
+
+Each launcher allocates the outputs, computes sizes, strides and the grid at run
+time from its `KernelSpec` (kinds/spec.py), and launches; a launch that fails
+runs the group's ATen body instead. A kernel of one output returns that tensor;
+one with side outputs (engine/fuse.py) the tuple of its outputs, the root's first,
+and so does its ATen body. `KernelRecipe` makes a launcher again from
+the kernel's source, which is how the graph cache (runtime/graph_cache.py)
+loads a compiled graph. This module imports neither the rule engine nor the
+renderers, so such a load stays cheap; building launchers for a new graph is
+runtime/prepare.py's work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..aten.dtypes import TORCH_DTYPES
+from ..engine.diag import user_stacklevel
+from ..kinds.spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
+from . import static_launch
+from .attention_launch import attention_launch
+from .autotune import tuned
+from .build import build_cpp, load_triton, triton_module
+from .matmul_launch import matmul_launch_args
+from .triton_direct import POISON, DirectKernel
+
+
+class KernelFallback(UserWarning):
+    """A fused group runs through ATen because its kernel could not be built."""
+
+
+Result = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+class Launcher:
+    """Runs one kernel; if a launch fails (out of memory, a driver error), warns once
+    and runs the group's ATen body instead, so the result is still correct."""
+
+    spec: KernelSpec
+    fallback: Callable[..., Result]
+    failed: bool = False
+    strict: bool = False
+    recipe: KernelRecipe | None = None
+
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., Result]) -> None:
+        self.spec = spec
+        self.kernel = kernel
+        self.fallback = fallback
+
+    # Launch plans by input signature (`_signature`): at most PLANS per launcher
+    plans: dict[Any, Any] | None = None  # _Plan, _Steps or NO_PLAN
+    PLANS = 16
+    attempts = 0
+
+    def __call__(self, *inputs: torch.Tensor) -> Result:
+        plans = self.plans
+        if plans is not None:
+            try:
+                key = _signature(inputs)
+            except AttributeError:  # an input that is not a tensor: no plan for it
+                return self._launch_or_fallback(inputs)
+            plan = plans.get(key)
+            if plan is not None:
+                if plan is NO_PLAN:
+                    return self._launch_or_fallback(inputs)
+                try:
+                    return plan.launch(inputs)
+                except Exception:  # noqa: BLE001 - the full path below decides
+                    self.plans = None
+            elif len(plans) < self.PLANS and not self.failed:
+                return self._learn(key, inputs)
+        return self._launch_or_fallback(inputs)
+
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        raise NotImplementedError
+
+    # While a launch is learned, the scratch tensors it allocates (a split
+    # reduction's partial results): a plan allocates them afresh at each call
+    temps: list[torch.Tensor] | None = None
+
+    def watched(self) -> tuple[Any, ...]:
+        """The kernels a launch may run, in any order and number (a split reduction:
+        the kernel, then its combine)."""
+        return (self.kernel,)
+
+    def _learn(self, key: Any, inputs: tuple[torch.Tensor, ...]) -> Result:
+        """Launch as usual, watching the kernels: a call whose every launch went
+        through a remembered runner, with arguments that are the inputs themselves,
+        the fresh outputs (every one of a kernel with side outputs), scratch tensors
+        the launch allocated and numbers, becomes this signature's plan. A launch that
+        passes any other tensor (an input made contiguous first) never will: NO_PLAN,
+        so the signature is not watched again."""
+        kernels = self.watched()
+        seen: list[Any] = []
+        temps: list[torch.Tensor] = []
+        before = [_launches(k) for k in kernels]
+        for k in kernels:
+            k.watch = seen
+        self.temps = temps
+        try:
+            result = self._launch_or_fallback(inputs)
+        finally:
+            for k in kernels:
+                k.watch = None
+            self.temps = None
+        self.attempts += 1
+        if self.attempts > 2 * self.PLANS and self.plans is not None and not self.plans:
+            self.plans = None  # never learned (the JIT launches, or several kernels)
+        outs = result if isinstance(result, tuple) else (result,)
+        if self.plans is None or not seen or POISON in seen or any(
+                o.device.type != PLAN_DEVICE or _index(o) != key[0] for o in outs):
+            return result
+        after = [_launches(k) for k in kernels]
+        if None in before or None in after:
+            counted = len(seen) == 1 and len(kernels) == 1  # a kernel without counters
+        else:
+            counted = sum(after) - sum(before) == len(seen)  # type: ignore[arg-type]
+        if counted:
+            self.plans[key] = _make_plan(seen, inputs, outs, temps)
+        return result
+
+    def _launch_or_fallback(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        if not self.failed:
+            try:
+                return self.launch(*inputs)
+            except Exception as e:
+                if self.strict:
+                    raise
+                self.failed = True
+                warnings.warn(f"rewritec: kernel {self.spec.name} (rule {self.spec.rule}) "
+                              f"failed at launch and falls back to ATen: "
+                              f"{type(e).__name__}: {e}", KernelFallback,
+                              stacklevel=user_stacklevel())
+        return self.fallback(*inputs)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One launch learned by `Launcher._learn`: each output's size, strides and dtype
+    (the root's first, then any side outputs), the kernel's runner and the numbers
+    after the outputs (sizes, strides, then the constexprs), for a runner that takes
+    the inputs, then the outputs, then numbers. Everything in it follows from the
+    signature it is kept under."""
+
+    outs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
+    run: Callable[..., Any]
+    rest: tuple[Any, ...]
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_plan_alloc(*o) for o in self.outs]
+        self.run(*inputs, *outs, *self.rest)
+        return _result(outs)
+
+
+# An argument of a learned launch (`_Steps`): the n-th input, the n-th output, the
+# n-th scratch tensor, or a value passed as it is.
+_IN, _OUT, _TEMP, _VALUE = range(4)
+
+# A tensor's size, strides and dtype: what a plan allocates it from
+_Alloc = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Several launches learned by `Launcher._learn` (a split reduction and its
+    combine), or one whose arguments are not inputs-outputs-numbers: the outputs
+    and the scratch tensors are allocated afresh, then each runner called in order."""
+
+    outs: tuple[_Alloc, ...]
+    temps: tuple[_Alloc, ...]
+    steps: tuple[tuple[Callable[..., Any], tuple[tuple[int, Any], ...]], ...]
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_plan_alloc(*o) for o in self.outs]
+        temps = [_plan_alloc(*t) for t in self.temps]
+        for run, slots in self.steps:
+            run(*[inputs[v] if k == _IN else outs[v] if k == _OUT else temps[v]
+                  if k == _TEMP else v for k, v in slots])
+        return _result(outs)
+
+
+# The plan of a signature whose launch cannot be replayed: launch it the full way
+NO_PLAN: Any = object()
+
+
+def _result(outs: list[torch.Tensor]) -> Result:
+    """What a launch returns: the one output itself, or the tuple of several."""
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _alloc_of(t: torch.Tensor) -> _Alloc:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+def _make_plan(seen: list[Any], inputs: tuple[torch.Tensor, ...],
+               outs: tuple[torch.Tensor, ...], temps: list[torch.Tensor]) -> Any:
+    """The plan replaying the watched launches `seen`, or NO_PLAN. `outs`: what the
+    launch returned, the root's output first (more than one with side outputs)."""
+    n, k = len(inputs), len(outs)
+    if len(seen) == 1:
+        run, args, tail = seen[0]
+        rest = args[n + k:]
+        if len(args) >= n + k and all(
+                a is b for a, b in zip(args[:n + k], (*inputs, *outs), strict=True)) \
+                and not any(isinstance(a, torch.Tensor) for a in rest):
+            return _Plan(tuple(_alloc_of(o) for o in outs), run, (*rest, *tail))
+    if any(t.device != outs[0].device for t in temps):
+        return NO_PLAN  # a plan allocates on the current device only
+    ids = {id(x): (_IN, i) for i, x in reversed(list(enumerate(inputs)))}
+    ids.update({id(t): (_TEMP, j) for j, t in enumerate(temps)})
+    ids.update({id(o): (_OUT, j) for j, o in enumerate(outs)})
+    steps = []
+    for run, args, tail in seen:
+        slots = []
+        for a in (*args, *tail):
+            if isinstance(a, torch.Tensor):
+                slot = ids.get(id(a))
+                if slot is None:
+                    return NO_PLAN  # a tensor made during the launch (a contiguous copy)
+                slots.append(slot)
+            else:
+                slots.append((_VALUE, a))
+        steps.append((run, tuple(slots)))
+    return _Steps(tuple(_alloc_of(o) for o in outs), tuple(_alloc_of(t) for t in temps),
+                  tuple(steps))
+
+
+def _launches(kernel: Any) -> int | None:
+    """How many launches `kernel` made so far (a DirectKernel's counters), or None."""
+    direct, jitted = getattr(kernel, "direct", None), getattr(kernel, "jitted", None)
+    if not isinstance(direct, int) or not isinstance(jitted, int):
+        return None
+    return direct + jitted
+
+
+def _signature(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """What a launch's plan depends on: the current device and, per input, its
+    sizes, strides, dtype and address modulo 16 (Triton specializes on alignment)."""
+    return (_plan_device(),
+            *[(x.shape, x.stride(), x.dtype, x.data_ptr() & 15) for x in inputs])
+
+
+# Plans are made for CUDA launches: outputs of the current device, allocated without
+# the Python argument parser (tests point these at the CPU)
+PLAN_DEVICE = "cuda"
+
+
+def _plan_device() -> int:
+    return torch._C._cuda_getDevice()
+
+
+def _index(t: torch.Tensor) -> int:
+    """A tensor's device index as `_plan_device` gives the current one: a plan
+    allocates on the current device, so one learned elsewhere is never kept."""
+    index = t.device.index
+    return -1 if index is None else index
+
+
+def _plan_alloc(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype
+                ) -> torch.Tensor:
+    return _EMPTY_STRIDED_CUDA(size, stride, dtype)
+
+
+class CppLauncher(Launcher):
+    def __init__(self, spec: KernelSpec, fn: Any, fallback: Callable[..., Result]) -> None:
+        self.spec = spec
+        self.fn = fn
+        self.fallback = fallback
+        n_ptr = len(spec.inputs) + len(spec.outputs)
+        n_int = spec.rank + sum(spec.rank for i in spec.inputs if not i.flat) + 2
+        fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
+        fn.restype = None
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
+
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
+        if g.numel:
+            self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs],
+                    *g.cpp_ints)
+        return _result(outs)
+
+
+class TritonLauncher(Launcher):
+    BLOCK_SIZE = 1024
+    TILE_Y = 64  # tiled pointwise kernels (layout changes): 64 x 64 values a program
+    TILE_X = 64
+
+    def __init__(self, spec: KernelSpec, kernel: Any,
+                 fallback: Callable[..., Result]) -> None:
+        super().__init__(spec, kernel, fallback)
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
+
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
+        if g.numel:
+            self._run(g, outs, tensors)
+        return _result(outs)
+
+    def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
+             ) -> None:
+        space, strides = g.space, g.strides
+        if self.spec.template == "pointwise_tiled":
+            tile = int(self.spec.meta["tile"])
+            # kinds/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
+            tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
+            grid = (g.numel // (space[tile] * space[-1]) * tiles,)
+            self.kernel[grid](*tensors, *outs, g.numel, *space, *strides,
+                              BLOCK_Y=self.TILE_Y, BLOCK_X=self.TILE_X)
+        elif self.spec.kind == "pointwise":
+            n = g.numel
+            grid = (triton_cdiv(n, self.BLOCK_SIZE),)
+            self.kernel[grid](*tensors, *outs, n, *space, *strides, BLOCK_SIZE=self.BLOCK_SIZE)
+        else:
+            cols = space[-1]
+            rows = _numel(space) // cols
+            block = block_pow2(cols)
+            if self.spec.template == "row_looped":  # kinds/row_looped.py: chunks of a row
+                block = chunk(self.spec, block)
+            self.kernel[(rows,)](*tensors, *outs, cols, *space, *strides, BLOCK_C=block,
+                                 num_warps=row_warps(block))
+
+
+class MatmulLauncher(Launcher):
+    """A matrix product with its epilogue (kinds/matmul.py); Triton only."""
+
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        args, out, tile = matmul_launch_args(self.spec, inputs)
+        m, n = args[0], args[1]
+        if out.numel() == 0 or args[2] == 0:
+            return self.fallback(*inputs)  # empty products: nothing to tile
+        grid = (triton_cdiv(m, tile.block_m) * triton_cdiv(n, tile.block_n),)
+        self.kernel[grid](*inputs, out, *args, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                          BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+                          num_warps=tile.num_warps, num_stages=tile.num_stages)
+        return out
+
+
+class AttentionLauncher(Launcher):
+    """softmax(q @ kt * scale, masked) @ v in one kernel (kinds/attention.py); Triton only."""
+
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        out = attention_launch(self.spec, self.kernel, inputs)
+        return self.fallback(*inputs) if out is None else out
+
+
+@dataclass(frozen=True)
+class KernelRecipe:
+    """How a launcher was made: enough to make it again in another process (the
+    graph cache, runtime/graph_cache.py), from the kernel's source alone."""
+
+    target: str  # triton | openmp
+    source: str
+    launcher: str  # the Launcher class's name
+    # fast_math: let the compiler fuse `a*b + c` into one FMA (C++ -ffp-contract=fast,
+    # Triton's enable_fp_fusion); off, each operation rounds as ATen's does.
+    contract: bool = False
+
+    def build(self, spec: KernelSpec, fallback: Callable[..., Result],
+              lazy: bool = False) -> tuple[Launcher, Path]:
+        """The launcher. `lazy` (a recipe that built before, in the graph cache)
+        imports the Triton module only when a launch needs Triton's JIT."""
+        cls: Any = _launcher_type(self.launcher)
+        if self.target == "triton":
+            path = triton_module(self.source)
+            fn = _direct(self.source, path, spec.name, lazy, self.contract)
+            if spec.autotune:  # mode max-autotune: the main kernel's config is timed
+                fn = tuned(fn, spec, self.source)
+            if self.launcher == "ReductionTritonLauncher":
+                combine = _direct(self.source, path, f"{spec.name}_combine", lazy,
+                                  self.contract)
+                launcher = cls(spec, fn, combine, fallback)
+            else:
+                launcher = cls(spec, fn, fallback)
+            if fn.binaries is not None and _EMPTY_STRIDED_CUDA is not None:
+                launcher.plans = {}  # compiled kernels on a GPU: see Launcher._learn
+        else:
+            fn, path = build_cpp(self.source, spec.name, self.contract)
+            launcher = cls(spec, fn, fallback)
+        launcher.recipe = self
+        return launcher, path
+
+
+def _direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
+            ) -> DirectKernel:
+    """Kernel `symbol` of `source` (written to `path`), launched through its compiled
+    binary after its first call, and through a binary stored by an earlier process
+    or compiled by the compile worker where one is (static_launch.py, ahead.py).
+    While the worker runs, the kernel is imported (and Triton with it) only if a
+    launch needs the JIT after all."""
+    binaries = None
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and static_launch.available():
+        binaries = static_launch.Binaries(source, symbol)
+        if not lazy:
+            from . import ahead
+
+            lazy = ahead.running()
+    # Triton fuses multiply-adds unless told not to (Inductor too, unless it emulates
+    # eager's precision): every launch passes the choice, so it is in every call key
+    options = {"enable_fp_fusion": contract}
+    if lazy:
+        return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries,
+                            path=path, symbol=symbol, options=options)
+    return DirectKernel(load_triton(path, symbol), binaries=binaries, path=path, symbol=symbol,
+                        options=options)
+
+
+def launcher_class(spec: KernelSpec, target: str) -> str:
+    if spec.template == "reduction":
+        return "ReductionTritonLauncher" if target == "triton" else "ReductionCppLauncher"
+    if target != "triton":
+        return "CppLauncher"
+    return {"matmul": "MatmulLauncher", "attention": "AttentionLauncher"}.get(
+        spec.kind, "TritonLauncher")
+
+
+def _launcher_type(name: str) -> type[Launcher]:
+    if name.startswith("Reduction"):
+        # imported here: runtime/reduction_launch.py builds on this module's Launcher
+        from . import reduction_launch
+
+        return getattr(reduction_launch, name)  # type: ignore[no-any-return]
+    types = (CppLauncher, TritonLauncher, MatmulLauncher, AttentionLauncher)
+    return next(c for c in types if c.__name__ == name)
+
+
+def row_warps(block: int) -> int:
+    """Warps for a persistent row: enough that a row of BLOCK_C values fits in
+    registers (about 8 per thread) without spilling."""
+    return max(1, min(32, block // 256))
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """What a launch needs to know of its inputs' sizes and strides."""
+
+    shape: tuple[int, ...]  # the space in the graph's dim order
+    keep: tuple[int, ...]  # shape with a row kernel's reduced dim set to 1
+    perm: tuple[int, ...]  # space dim k is graph dim perm[k]
+    space: tuple[int, ...]
+    strides: tuple[int, ...]  # strided inputs' strides in the space's order
+    # Each output's sizes and strides in the graph's dim order: dense in the space's
+    # order when that differs from the graph's (a per-row output: in the graph's)
+    outs: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+    # Per input: None (passed as is), () (made contiguous), or a permutation to
+    # read it flat in the space's order
+    flat: tuple[tuple[int, ...] | None, ...]
+    numel: int  # the largest output's: 0, nothing to launch
+    # Every input passed as it is (those read flat already are laid out so): the
+    # common case, which skips the per-input work at each launch
+    direct: bool
+    # An OpenMP kernel's integer arguments: sizes, strides, the count of elements
+    # (pointwise) or rows, and the row length
+    cpp_ints: tuple[int, ...]
+
+
+def cached_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
+                    compute: Callable[[KernelSpec, tuple[torch.Tensor, ...]], Any]) -> Any:
+    """`compute(spec, inputs)`, once per combination of input sizes and strides (a
+    compiled graph sees the same few each call): a launch geometry costs more
+    Python time than the launch itself (torch.broadcast_shapes alone ~30 us)."""
+    key = tuple((x.shape, x.stride()) for x in inputs)
+    cache = spec.meta.setdefault(GEOMETRY_CACHE, {})
+    geometry = cache.get(key)
+    if geometry is None:
+        geometry = compute(spec, inputs)
+        if len(cache) < 64:
+            cache[key] = geometry
+    return geometry
+
+
+def _geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
+    return cached_geometry(spec, inputs, _compute_geometry)
+
+
+def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
+    shape = list(torch.broadcast_shapes(*(x.shape for x in inputs)))
+    dim = spec.meta.get("dim")
+    if len(shape) < spec.rank:
+        shape = [1] * (spec.rank - len(shape)) + shape
+    if dim is not None and shape[dim] == 1:
+        # every input is one value per row: the row length comes from the graph
+        shape[dim] = int(spec.meta.get("cols", 1))
+    order = spec.meta.get("order")
+    perm = list(order) if order is not None and len(order) == len(shape) else \
+        list(range(len(shape)))
+    if dim is not None:
+        perm = [k for k in perm if k != dim] + [dim]
+    keep = list(shape)
+    if dim is not None:
+        keep[dim] = 1
+    strides: list[int] = []
+    for x, inp in zip(inputs, spec.inputs, strict=True):
+        if not inp.flat:
+            st = x.expand(keep if inp.per_row else shape).stride()
+            strides.extend(st[k] for k in perm)
+    space = tuple(shape[k] for k in perm)
+    permuted = perm != list(range(len(perm)))
+    full = (tuple(shape), dense_strides(shape))
+    if permuted:
+        # laid out in the space's order (a row kernel's reduced dim innermost, or the
+        # root's layout in the graph, e.g. NHWC), seen in the graph's dim order
+        dense = dense_strides(space)
+        full = (tuple(shape), tuple(dense[perm.index(k)] for k in range(len(perm))))
+    outs = tuple((tuple(keep), dense_strides(keep)) if o.per_row else full
+                 for o in spec.outputs)
+    # flat inputs are read by linear index: laid out densely in the space's order
+    flat = tuple((tuple(perm) if permuted else ()) if inp.flat else None
+                 for inp in spec.inputs)
+    # sizes and strides are part of the cache key, so whether a flat input is already
+    # laid out so is known here, once
+    direct = all(f is None or (x.permute(f) if f else x).is_contiguous()
+                 for x, f in zip(inputs, flat, strict=True))
+    numel = max(_numel(size) for size, _ in outs)
+    cols = space[-1] if space else 1
+    count = numel if spec.kind == "pointwise" else (_numel(space) // cols if cols else 0)
+    return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
+                     flat, numel, direct, (*space, *strides, count, cols))
+
+
+def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """A contiguous tensor's strides for `shape`."""
+    strides, step = [], 1
+    for s in reversed(shape):
+        strides.append(step)
+        step *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+# Inductor's allocation helpers: torch.empty_strided without the Python argument
+# parser (~1 us against ~5 on the current CUDA device; 0.4 against 1.0 on the CPU)
+try:
+    from torch._C._dynamo.guards import (  # type: ignore[attr-defined]
+        _empty_strided_cpu as _EMPTY_STRIDED_CPU,
+    )
+    from torch._C._dynamo.guards import (  # type: ignore[attr-defined]
+        _empty_strided_cuda as _EMPTY_STRIDED_CUDA,
+    )
+except ImportError:  # pragma: no cover - another torch: the public call
+    _EMPTY_STRIDED_CPU = _EMPTY_STRIDED_CUDA = None
+
+
+def empty_strided(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """A launch's output or scratch buffer."""
+    if device.type == "cpu" and _EMPTY_STRIDED_CPU is not None:
+        return _EMPTY_STRIDED_CPU(size, stride, dtype)
+    if (device.type == "cuda" and _EMPTY_STRIDED_CUDA is not None
+            and device.index == torch._C._cuda_getDevice()):
+        return _EMPTY_STRIDED_CUDA(size, stride, dtype)
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def _prepare(spec: KernelSpec, inputs: tuple[torch.Tensor, ...], out_dtypes: list[torch.dtype]
+             ) -> tuple[_Geometry, list[torch.Tensor], Sequence[torch.Tensor]]:
+    """The launch's geometry (the space's sizes, a row kernel's reduced dim moved
+    last, and the strided inputs' strides in its dim order), the outputs, and the
+    inputs as the kernel reads them."""
+    g = _geometry(spec, inputs)
+    device = inputs[0].device if inputs else torch.device("cpu")
+    outs = [empty_strided(size, stride, dtype, device)
+            for (size, stride), dtype in zip(g.outs, out_dtypes, strict=True)]
+    if g.direct:
+        return g, outs, inputs
+    tensors = []
+    for x, flat in zip(inputs, g.flat, strict=True):
+        if flat is None:
+            tensors.append(x)
+        else:
+            if flat:
+                x = x.permute(flat)
+            tensors.append(x if x.is_contiguous() else x.contiguous())
+    return g, outs, tensors

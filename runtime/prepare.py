@@ -1,0 +1,221 @@
+"""Turning the `kernel` terms of a graph into launchers (runtime/launch.py).
+
+For each kernel term: build its `KernelSpec`, render it for the target, build
+it through the cache and wrap it in its launcher. A kernel that fails to render
+or build is replaced by its body again, so that group runs through ATen, with a
+warning naming the rule and template (`strict` raises).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..aten.bridge import Bridge
+from ..engine.diag import user_stacklevel
+from ..engine.fuse import body_terms, kernel_outputs
+from ..engine.term import Graph, Term, TermStore, rebuild
+from ..kinds.attention import attention_spec, render_attention
+from ..kinds.kernels import RenderError, render, spec_of
+from ..kinds.reduction import reduction_spec, render_reduction
+from ..kinds.row_looped import looped, render_row_looped
+from ..kinds.spec import KernelSpec
+from .build import BudgetSpent, BuildError, budget, vector_math_decls
+from .launch import KernelFallback, KernelRecipe, Result, launcher_class
+
+
+@dataclass
+class Prepared:
+    graph: Graph
+    launchers: dict[Term, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    failed: int = 0  # kernels that went back to their ATen body
+
+
+def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., Result]:
+    """The kernel's group run op by op through ATen (the launch-failure fallback):
+    its one output, or the tuple of all of them, as the launcher returns."""
+    body = body_terms(kernel)
+    order = [t for t in body if t.op not in ("arg", "const")]
+    outputs = kernel_outputs(kernel)
+
+    def run(*inputs: torch.Tensor) -> Result:
+        values: dict[Term, Any] = {}
+        for t in body:
+            if t.op == "arg":
+                values[t] = inputs[t.attr("index")]
+            elif t.op == "const":
+                values[t] = t.value
+        for t in order:
+            values[t] = bridge.run(t, [values[a] for a in t.args])
+        if len(outputs) == 1:
+            return values[outputs[0]]  # type: ignore[no-any-return]
+        return tuple(values[o] for o in outputs)
+
+    return run
+
+
+def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,
+                    out_dir: str | None, name: str, bridge: Bridge | None = None,
+                    warn: Callable[[str], None] | None = None,
+                    contract: bool = False, budget_s: float | None = None,
+                    autotune: bool = False) -> Prepared:
+    """Build every kernel term of `graph`; failed ones go back to their ATen body.
+    `contract` (fast_math) lets the kernels' compiler fuse multiply-adds; the
+    builds share `budget_s` seconds of compiler time, and once it is spent the
+    kernels left fall back together, with one warning. `autotune` (mode
+    max-autotune) times Triton kernels' launch configurations (runtime/autotune.py)."""
+    with budget(budget_s):
+        return _prepare(graph, store, target, strict=strict, out_dir=out_dir, name=name,
+                        bridge=bridge, warn=warn, contract=contract, budget_s=budget_s,
+                        autotune=autotune)
+
+
+def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
+             out_dir: str | None, name: str, bridge: Bridge | None,
+             warn: Callable[[str], None] | None, contract: bool,
+             budget_s: float | None, autotune: bool = False) -> Prepared:
+    prepared = Prepared(graph)
+    failed: dict[Term, tuple[Term, ...]] = {}
+    order = graph.terms()
+    spent: list[str] = []  # the kernels left when the budget ran out
+    say = warn or (lambda m: warnings.warn(m, KernelFallback,
+                                           stacklevel=user_stacklevel()))
+    for t in order:
+        if t.op != "kernel":
+            continue
+        index = len(prepared.launchers) + len(failed)
+        if spent:
+            spent.append(str(t.attr("rule")))
+            failed[t] = inline_body(t, store)
+            continue
+        try:
+            reduction = t.attr("template") == "reduction"
+            attention = t.attr("template") == "attention"
+            if attention and target != "triton":
+                raise RenderError(f"no {target} template for attention")
+            spec = (reduction_spec(t, index) if reduction else
+                    attention_spec(t, index) if attention else spec_of(t, index))
+            if spec.kind == "row":
+                spec.meta["cols"] = _static(spec)
+                if target == "triton" and looped(spec):
+                    spec.template = "row_looped"
+            elif (spec.kind == "pointwise" and target == "triton"
+                  and spec.meta.get("tile") is not None):
+                spec.template = "pointwise_tiled"  # a layout change: 2-d tiles (kernels.py)
+            spec.autotune = autotune and target == "triton"
+            simd = vector_math_decls() if target == "openmp" else ()
+            source = (render_reduction(spec, target, simd_decls=simd) if reduction else
+                      render_attention(spec) if attention else
+                      render_row_looped(spec) if spec.template == "row_looped" else
+                      render(spec, target, simd_decls=simd))
+            recipe = KernelRecipe(target, source, launcher_class(spec, target), contract)
+            launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
+        except BudgetSpent as e:
+            if strict:
+                from ..engine.errors import CompileError
+
+                raise CompileError(f"rewritec: graph {name}: {e}") from None
+            spent.append(str(t.attr("rule")))
+            failed[t] = inline_body(t, store)
+            continue
+        except (RenderError, BuildError, KeyError, ValueError) as e:
+            message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
+                       f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
+            if strict:
+                from ..engine.errors import CompileError
+
+                raise CompileError(message) from None
+            say(message)
+            failed[t] = inline_body(t, store)
+            continue
+        launcher.strict = strict
+        prepared.launchers[t] = launcher
+        if out_dir:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            ext = "py" if target == "triton" else "cpp"
+            copy = out / f"{name}.{spec.name}.{ext}"
+            copy.write_text(source)
+            path = copy
+        prepared.records.append({"name": spec.name, "target": target, "source": str(path),
+                                 "rules": [spec.rule], "template": f"{target}/{spec.template}",
+                                 "replaced_ops": spec.replaced_ops,
+                                 "outputs": len(spec.outputs),
+                                 "ops": body_ops(spec),
+                                 "order": spec.meta.get("order")})
+    if spent:
+        say(f"rewritec: graph {name}: the compile budget ({budget_s:g} s, "
+            f"REWRITEC_COMPILE_BUDGET) is spent; {len(spent)} kernel(s) left fall back "
+            f"to ATen (rules {', '.join(sorted(set(spent)))})")
+    if failed:
+        prepared.graph = _substitute(graph, store, failed)
+        prepared.failed = len(failed)
+    if target == "triton" and prepared.launchers:
+        from . import ahead
+
+        # where workers run, they compile the kernels while the graph is finished
+        ahead.submit_graph(prepared.graph, prepared.launchers)
+    return prepared
+
+
+def body_ops(spec: KernelSpec) -> dict[str, int]:
+    """op-table name -> how many of it the kernel computes: what `coverage`
+    (coverage.py) counts inside kernels."""
+    ops = Counter(t.op for t in spec.body if t.op not in ("arg", "const"))
+    return dict(sorted(ops.items()))
+
+
+def _static(spec: KernelSpec) -> int:
+    """The row length known at compile time (1 when it is symbolic)."""
+    try:
+        return int(spec.meta["shape"][spec.meta["dim"]])
+    except (TypeError, KeyError, IndexError):
+        return 1
+
+
+def inline_body(kernel: Term, store: TermStore) -> tuple[Term, ...]:
+    """The kernel's computation as ordinary terms over its operands: one term per
+    output (engine/fuse.py: kernel_outputs)."""
+    done: dict[Term, Term] = {}
+    for t in body_terms(kernel):
+        if t.op == "arg":
+            done[t] = kernel.args[t.attr("index")]
+        elif t.op == "const":
+            done[t] = t
+        else:
+            done[t] = store.make(t.op, [done[a] for a in t.args], t.attrs, meta=t.meta)
+    return tuple(done[o] for o in kernel_outputs(kernel))
+
+
+def _substitute(graph: Graph, store: TermStore, repl: dict[Term, tuple[Term, ...]]) -> Graph:
+    """`graph` with each failed kernel replaced by its body over the new terms: a
+    kernel of one output by that output's term, `getitem(kernel, i)` of one with
+    side outputs by output i's (the kernel itself is then used no more)."""
+
+    def inlined(term: Term, new: dict[Term, Term]) -> Term:
+        memo: dict[Term, Term] = {}
+        for u in term.walk():
+            if u in new:
+                memo[u] = new[u]
+            elif u.args:
+                memo[u] = store.make(u.op, [memo[a] for a in u.args], u.attrs, meta=u.meta)
+            else:
+                memo[u] = u
+        return memo[term]
+
+    def replace(t: Term, new: dict[Term, Term]) -> Term | None:
+        outputs = repl.get(t)
+        if outputs is not None and len(outputs) == 1:
+            return inlined(outputs[0], new)
+        if t.op == "getitem" and t.args[0] in repl:
+            return inlined(repl[t.args[0]][t.attr("index")], new)
+        return None
+
+    return rebuild(graph, store, replace)

@@ -1,0 +1,216 @@
+"""Lowering a term graph to one straight-line Python function.
+
+The wrapper calls ATen for every term that no generated kernel covers (the
+always-correct fallback) and launches kernels for the groups that one does.
+Python computes every line; `templates/wrapper.py.j2` only lays them out.
+Identifiers that reach the generated source are either validated names
+(`aten.add.Tensor`) or our own counters (`v3`, `_g1`); every other object is
+bound in the function's globals, never spelled out as source.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..aten.bridge import Bridge, Opaque, Slot
+from ..engine.term import Graph, Term
+from ..kinds.templates import render_template
+from .namespace import namespace
+
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass
+class Lowered:
+    source: str
+    fn: Any
+    fallback_ops: Counter[str] = field(default_factory=Counter)
+    # The objects the source names (kernels, constants, ops), as bound.
+    globals: dict[str, Any] = field(default_factory=dict)
+
+
+class Emitter:
+    """Names values and objects while the wrapper's lines are written."""
+
+    def __init__(self) -> None:
+        self.globals: dict[str, Any] = namespace()
+        self.names: dict[Term, str] = {}
+        self._bound: dict[int, str] = {}
+        # constants this line reads from a device copy made once (`host_copies`)
+        self.moved: dict[Term, str] = {}
+        self._device_copies: dict[tuple[Term, str], str] = {}
+
+    def bind(self, obj: Any, prefix: str = "_g") -> str:
+        key = id(obj)
+        if key not in self._bound:
+            name = f"{prefix}{len(self._bound)}"
+            self._bound[key] = name
+            self.globals[name] = obj
+        return self._bound[key]
+
+    def callable_name(self, fn: Any) -> str:
+        if isinstance(fn, torch._ops.OpOverload) and fn.namespace == "aten":
+            name = f"aten.{fn._schema.name.split('::')[-1]}.{fn._overloadname}"
+            if _DOTTED.match(name):
+                return name
+        return self.bind(fn, "_f")
+
+    def literal(self, v: Any) -> str:
+        if v is None or isinstance(v, bool | int):
+            return repr(v)
+        if isinstance(v, float):
+            return repr(v) if math.isfinite(v) else f"float('{v}')"
+        if isinstance(v, str):
+            return repr(v)
+        if isinstance(v, Opaque):
+            return self.literal(v.value)
+        if isinstance(v, list):
+            return "[" + ", ".join(self.literal(x) for x in v) + "]"
+        if isinstance(v, tuple):
+            return "(" + "".join(self.literal(x) + ", " for x in v) + ")"
+        if isinstance(v, torch.dtype | torch.memory_format):
+            return f"torch.{str(v).removeprefix('torch.')}"
+        return self.bind(v)
+
+    def value(self, t: Term) -> str:
+        if t.op == "const":
+            return self.literal(t.value)
+        if t in self.moved:
+            return self.moved[t]
+        if t.op == "tensor":
+            return self.bind(t.attr("value").value, "_c")
+        return self.names[t]
+
+    def on_device(self, t: Term, device: str) -> str:
+        """The name of constant `t` copied to `device` once, when the wrapper is built."""
+        key = (t, device)
+        if key not in self._device_copies:
+            self._device_copies[key] = self.bind(t.attr("value").value.to(device), "_c")
+        return self._device_copies[key]
+
+    def args(self, spec: Any, operands: list[Term]) -> str:
+        if isinstance(spec, Slot):
+            return self.value(operands[spec.index])
+        if isinstance(spec, list):
+            return "[" + ", ".join(self.args(s, operands) for s in spec) + "]"
+        if isinstance(spec, tuple):
+            return "(" + "".join(self.args(s, operands) + ", " for s in spec) + ")"
+        return self.literal(spec)
+
+
+def aten_line(em: Emitter, bridge: Bridge, term: Term, target: str) -> str:
+    if term.op == "getitem":
+        return f"{target} = {em.value(term.args[0])}[{int(term.attr('index'))}]"
+    fn, args, kwargs, order = bridge.call_parts(term)
+    em.moved = host_copies(em, fn, order, term)
+    parts = [em.args(a, order) for a in args]
+    parts += [f"{k}={em.args(v, order)}" for k, v in kwargs.items()]
+    em.moved = {}
+    return f"{target} = {em.callable_name(fn)}({', '.join(parts)})"
+
+
+# A copy from host memory in every call synchronises with the device and cannot be
+# recorded in a CUDA graph (T5's `decoder_start_token_id` is such a 0-dim constant);
+# up to this many values, the constant is copied to the device once instead.
+HOST_COPY_MAX = 1 << 16
+
+
+def host_copies(em: Emitter, fn: Any, order: list[Term], term: Term) -> dict[Term, str]:
+    """For a `copy` onto a GPU tensor from a host constant: the constant's device copy."""
+    if callable_label(fn) not in ("copy", "copy_") or len(order) < 2:
+        return {}
+    src, device = order[1], term.meta.device
+    value = src.attr("value").value if src.op == "tensor" else None
+    if (not isinstance(value, torch.Tensor) or value.device.type != "cpu"
+            or device == "cpu" or value.numel() > HOST_COPY_MAX):
+        return {}
+    return {src: em.on_device(src, device)}
+
+
+def op_label(bridge: Bridge, term: Term) -> str:
+    """The name of the op a term runs, for `fallback_ops` (docs/report.md): the
+    overload packet of the ATen op actually called (`addmm` for aten.addmm.default,
+    `mul` for aten.mul.Scalar), `ns::name` for an op of another namespace, and a
+    Python callable's module-qualified name otherwise (`operator.mul` on SymInts).
+    One scheme, whether the term is an op-table op, a captured ATen call or an
+    exported one."""
+    try:
+        fn = bridge.call_parts(term)[0]
+    except Exception:  # noqa: BLE001 - a label never stops a compilation
+        return term.op
+    return callable_label(fn)
+
+
+def callable_label(fn: Any) -> str:
+    schema = getattr(fn, "_schema", None)
+    qualified = schema.name if schema is not None else getattr(fn, "_qualified_op_name", None)
+    if isinstance(qualified, str):  # an OpOverload ("aten::addmm") or OpOverloadPacket
+        ns, _, packet = qualified.partition("::")
+        return packet if ns == "aten" else qualified
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    module = getattr(fn, "__module__", None) or "builtins"
+    # operator.mul on SymInts keeps its module: bare, it would read as ATen's mul
+    return f"{'operator' if module == '_operator' else module}.{name}"
+
+
+def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
+          launchers: dict[Term, Any] | None = None,
+          clone_outputs: set[int] | None = None) -> Lowered:
+    """Render the wrapper for `graph`. `launchers` maps each `kernel` term to the
+    launcher of its generated kernel (runtime/launch.py)."""
+    em = Emitter()
+    launchers = launchers or {}
+    order = [t for t in graph.terms() if t.op not in ("const", "tensor")]
+    for t in graph.inputs:
+        em.names[t] = f"a{t.attr('index')}"
+    # Find each value's last use so intermediates are freed as early as eager would.
+    reads: dict[Term, list[Term]] = {}
+    for t in order:
+        if t.op != "input":
+            reads[t] = list(t.args)
+    last_use: dict[Term, int] = {}
+    for i, t in enumerate(order):
+        for a in reads.get(t, ()):
+            last_use[a] = i
+    keep = {o for o in graph.outputs if o is not None}
+    body: list[str] = []
+    fallback: Counter[str] = Counter()
+    for i, t in enumerate(order):
+        if t.op == "input":
+            continue
+        em.names[t] = f"v{i}"
+        if t in launchers:
+            kernel = em.bind(launchers[t], "_k")
+            args = ", ".join(em.value(a) for a in t.args)
+            body.append(f"{em.names[t]} = {kernel}({args})  # {launchers[t].spec.name}")
+        else:
+            body.append(aten_line(em, bridge, t, em.names[t]))
+            if t.op != "getitem":
+                fallback[op_label(bridge, t)] += 1
+        # inputs too: the wrapper holds the only reference once `args` is cleared (a
+        # backward's saved activations go as soon as they are read)
+        dead = [a for a in reads[t] if last_use.get(a) == i and a not in keep
+                and a.op not in ("const", "tensor")]
+        if dead:
+            body.append("del " + ", ".join(sorted({em.names[a] for a in dead})))
+    outs = []
+    for i, o in enumerate(graph.outputs):
+        if o is None:
+            outs.append("None")
+        elif clone_outputs and i in clone_outputs:
+            outs.append(f"{em.value(o)}.clone()")
+        else:
+            outs.append(em.value(o))
+    source = render_template(
+        "wrapper.py.j2", graph_name=name, rules=rules or [],
+        kernels=[launcher.spec.name for launcher in launchers.values()],
+        inputs=[em.names[t] for t in graph.inputs], body=body, outputs=outs)
+    namespace = dict(em.globals)
+    exec(compile(source, f"<rewritec wrapper {name}>", "exec"), namespace)  # noqa: S102
+    return Lowered(source, namespace["call"], fallback, em.globals)
