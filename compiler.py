@@ -1,6 +1,6 @@
 """Compiling one captured ATen graph: convert -> rewrite -> lower.
 
-    FX graph --frontend.convert--> terms --engine.pipeline (PHASES)--> terms
+    FX graph --aten.convert--> terms --engine.pipeline (PHASES)--> terms
              --runtime.wrapper--> one straight-line Python function
 
 Whatever goes wrong for a graph, the result stays correct: the graph falls
@@ -34,6 +34,7 @@ from .aten.regions import CALL_LABEL as REGION_CALL
 from .aten.regions import (Region, compile_regions, has_regions, region_bodies,
                            region_calls)
 from .kinds.kernels import compilable
+from .kinds.registry import SPACES
 from .options import Options
 from .runtime.wrapper import callable_label, lower
 
@@ -348,7 +349,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                               log=lambda line: _log.info("%s: %s", name, line),
                               folder=make_folder(conv.store, bridge, parts["steps"]),
                               is_frozen=is_frozen,
-                              can_compile=compilable(target),
+                              can_compile=compilable(target), spaces=SPACES,
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
                                                     bridge, rec.layout, parts["steps"]))
         graph = result.graph

@@ -18,6 +18,7 @@ examples; tests/test_rule_examples.py makes one pytest test per example.
 from __future__ import annotations
 
 import contextlib
+import os
 import logging
 import re
 from collections.abc import Iterator
@@ -38,6 +39,8 @@ from .engine.prove import prove
 from .engine.rules import ATTR_FUNCS, Rule
 from .engine.term import Graph, Term, TermStore
 from .kinds.kernels import compilable
+from .kinds import registry
+from .kinds.registry import SPACES
 from .runtime.wrapper import lower
 
 # A rule's examples are a few terms: a rewrite of one that takes longer than this
@@ -147,15 +150,11 @@ def _tolerance(dtype: torch.dtype) -> dict[str, Any]:
 def example_target(rule: Rule | None = None) -> str:
     """The kernel target fuse rules' examples are rendered for: REWRITEC_TARGET when
     it names one (triton needs a GPU or TRITON_INTERPRET=1), else OpenMP C++, or
-    Triton for a template that only Triton has (the matmul)."""
-    import os
-
-    from .kinds.templates import has_template
-
+    Triton for a kind that only Triton renders (the matmul)."""
     forced = os.environ.get("REWRITEC_TARGET", "")
     if forced in ("openmp", "triton"):
         return forced
-    if rule is not None and rule.template and not has_template(f"openmp/{rule.template}.cpp.j2"):
+    if rule is not None and rule.kernel and "openmp" not in registry.kind(rule.kernel).launchers:
         return "triton"
     return "openmp"
 
@@ -170,6 +169,7 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
         result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
                               is_frozen=is_frozen,
                               can_compile=compilable(target) if rule.kind == "fuse" else None,
+                              spaces=SPACES,
                               seconds=EXAMPLE_SECONDS)
     except RewriteStop as e:
         return ExampleResult(rule.name, index, 0, float("inf"), False, str(e))

@@ -18,11 +18,12 @@ from .engine.errors import RewritecError, RuleError, RuleErrors
 from .engine.ops import RULES_DIR, OpTable, default_op_table, use_default_op_table
 from .engine.rewrite import BUILTIN_STEPS
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
+from .kinds.registry import RULE_KINDS
 from .options import Options, closest
 
 
 def _load(paths: list[Path], builtin: bool) -> list[Rule]:
-    loader = RuleLoader()
+    loader = RuleLoader(kernels=RULE_KINDS)
     rules: list[Rule] = []
     errors: list[RuleError] = []
     for root in paths:
@@ -90,7 +91,9 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
     from .runtime.disk_cache import cache_dir, folder_problem, read_verified, store
 
     engine = Path(__file__).resolve().parent / "engine"
+    kinds = Path(__file__).resolve().parent / "kinds"  # the kernel kinds rules may name
     sources = sorted(RULES_DIR.rglob("*.yaml")) + sorted(engine.glob("*.py")) \
+        + sorted(kinds.glob("*.py")) \
         + [engine / "grammar.lark"]
     # keyed as Python keys bytecode: by each source's size and modification time,
     # which a cold start reads without reading the files

@@ -4,7 +4,8 @@ Consumers come first (reverse topological order, the graph's first outputs
 first: see `fuse`). A term not yet in a group that matches a fuse rule's
 pattern starts a group, which grows into its producers while:
 - the producer's op category is in the rule's `grow:` list;
-- the producer fits the group's iteration space (`SPACES[template]`);
+- the producer fits the group's iteration space (its kernel kind's `space`,
+  kinds/*.py);
 - the code generator can compile it (`can_compile`, from the target);
 - if something outside the group uses the producer too (or the graph returns
   it), the space takes side outputs (`side_outputs`: pointwise and row spaces
@@ -22,7 +23,7 @@ matrix product and its epilogue and never grows into the product's operands.
 
 A group becomes one `kernel` term whose operands are the group's inputs and
 whose `body` attribute is its root over `arg` placeholders; `kinds/` renders it
-with the rule's template. A kernel with side outputs is tuple-valued (its meta's
+by its kind (kinds/kind.py). A kernel with side outputs is tuple-valued (its meta's
 kind is "tuple"): its `outputs` attribute lists the body terms it writes, the
 root's first, and each outside use reads `getitem(kernel, i)`. A kernel of one
 output has no `outputs` and is the root's value itself, as it always was.
@@ -41,9 +42,9 @@ group depends on the root).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
@@ -93,7 +94,7 @@ def reduced_dims(t: Term) -> tuple[int, ...] | None:
 FLOATS = ("f32", "f16", "bf16", "f64")
 
 
-def _value(t: Term, root: Term) -> bool:
+def kernel_value(t: Term, root: Term) -> bool:
     """A tensor a kernel computes in: a float, or a bool mask that stays inside
     (a comparison a `where` reads); the result a kernel writes is a float."""
     return t.meta.kind == "tensor" and (
@@ -106,176 +107,26 @@ def broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
         a == b or a == 1 for a, b in zip(reversed(shape), reversed(to), strict=False))
 
 
-class PointwiseSpace:
-    """One loop over the output's elements: every member has the root's shape, or
-    one that broadcasts to it (a per-channel value, recomputed per element: its
-    operands are read through the broadcast, as the kernel's inputs are). A
-    float member of the root's shape may be a side output: it is stored where the
-    root is, element by element (a broadcast one has no such place, a bool mask
-    no float to store: those stay outside when something else reads them)."""
-
-    side_outputs = True
-
-    def __init__(self, root: Term) -> None:
-        self.shape = tuple(root.meta.shape)
-        self.root = root
-
-    def fits(self, t: Term) -> bool:
-        return _value(t, self.root) and broadcasts(tuple(t.meta.shape), self.shape) \
-            and t.op not in ROW_REDUCTIONS
-
-    def can_output(self, t: Term) -> bool:
-        return t.meta.dtype in FLOATS and tuple(t.meta.shape) == self.shape
-
-
-class RowSpace:
-    """Rows along one dim `dim` of a shape S: members are S-shaped values or one
-    value per row (S with size 1 at `dim`), and reductions run along `dim`.
-    Softmax and layer_norm reduce the last dim; a bias gradient reduces dim 0.
-    Any float member may be a side output: an S-shaped one is stored with the row's
-    elements, a per-row one (layer_norm's mean and rstd) once per row; a bool mask
-    is not (the kernel stores floats)."""
-
-    side_outputs = True
-
-    def __init__(self, root: Term) -> None:
-        self.dim = reduced_dim(root)
-        src = root.args[0] if self.dim is not None else root
-        self.shape = tuple(src.meta.shape)
-        self.root = root
-
-    def per_row(self) -> tuple[Any, ...] | None:
-        if self.dim is None:
-            return None
-        return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
-
-    def fits(self, t: Term) -> bool:
-        if not _value(t, self.root) or not self.shape:
-            return False
-        if t.op in ROW_REDUCTIONS:
-            d = reduced_dim(t)
-            if d is None or tuple(t.args[0].meta.shape) != self.shape:
-                return False
-            if self.dim is None:
-                self.dim = d  # the first reduction fixes the group's row dim
-            return d == self.dim
-        shape = tuple(t.meta.shape)
-        if self.dim is None and len(shape) == len(self.shape):
-            # A per-row value seen before any reduction fixes the row dim.
-            ones = [k for k, (a, b) in enumerate(zip(shape, self.shape, strict=True))
-                    if a != b]
-            if len(ones) == 1 and shape[ones[0]] == 1:
-                self.dim = ones[0]
-        return shape in (self.shape, self.per_row())
-
-    def can_output(self, t: Term) -> bool:
-        return t.meta.dtype in FLOATS
-
-
 # Matrix products a matmul kernel computes (2-d, with addmm's bias in its epilogue).
 MATMULS = ("mm", "addmm")
 # Reshapes a matmul kernel's epilogue may see through: [M, N] -> [..., N].
 RESHAPES = ("view", "reshape", "unsafe_view")
 
 
-class MatmulSpace:
-    """One matrix product [M, K] @ [K, N] and the pointwise epilogue on its result,
-    in the root's shape S: S is [M, N], or [..., N] when a reshape splits M (a
-    Linear on a 3-d input). The product's operands are the kernel's inputs: the
-    group never grows past the matmul (`stops_at`). No side outputs: the template
-    stores one output tile, and a value the epilogue shares with another user
-    stays outside the kernel, as before side outputs existed."""
-
-    side_outputs = False
-
-    def __init__(self, root: Term) -> None:
-        self.shape = tuple(root.meta.shape)
-        self.mm: Term | None = None
-
-    def stops_at(self, t: Term) -> bool:
-        return t.op in MATMULS
-
-    def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS or len(self.shape) < 2:
-            return False
-        if t.op in MATMULS:
-            ok = self.mm is None and t.meta.rank == 2 and _static(t.meta.shape) \
-                and _static(self.shape) and tuple(t.meta.shape) == self._flat()
-            if ok:
-                self.mm = t
-            return ok
-        if t.op in RESHAPES:
-            # only the reshape right above the product, from [M, N] to S
-            return self.mm is None and tuple(t.meta.shape) == self.shape \
-                and tuple(t.args[0].meta.shape) == self._flat() and t.args[0].op in MATMULS
-        return tuple(t.meta.shape) == self.shape and t.op not in ROW_REDUCTIONS
-
-    def _flat(self) -> tuple[Any, ...]:
-        m = 1
-        for s in self.shape[:-1]:
-            m *= s
-        return (m, self.shape[-1])
-
-
-def _static(shape: Any) -> bool:
+def static_shape(shape: Any) -> bool:
     return all(isinstance(s, int) for s in shape)
 
 
+class Space(Protocol):
+    """Where a group grows: a kernel kind's iteration space (kinds/*.py). `fits` may
+    fix the space's layout on its first fit (the row dim, the reduced dims). A space
+    may also have `can_output(t)` (where it takes side outputs), `stops_at(t)` (a
+    member whose operands stay inputs) and `accepts(members)` (a check on the whole
+    group)."""
 
-class ReductionSpace:
-    """sum/mean/amax/amin over any dims of an input shape I, giving output shape O:
-    members are I-shaped values (the prologue, computed per reduced element),
-    reductions over the same dims of I-shaped values, and O-shaped values (the
-    epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
-    is refused: the two phases could not be told apart by shape. No side outputs:
-    the prologue's values exist only inside the reduction's (possibly split) loop,
-    and the template stores one output."""
+    side_outputs: bool
 
-    side_outputs = False
-
-    def __init__(self, root: Term) -> None:
-        self.out_shape = tuple(root.meta.shape)
-        self.in_shape: tuple[Any, ...] | None = None
-        self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
-
-    def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS:
-            return False
-        shape = tuple(t.meta.shape)
-        if t.op in ROW_REDUCTIONS:
-            dims = reduced_dims(t)
-            if dims is None or shape != self.out_shape:
-                return False
-            signature = (tuple(t.args[0].meta.shape), dims, t.attr("keepdim"))
-            if self.signature is None and signature[0] != shape:
-                self.signature, self.in_shape = signature, signature[0]
-            return signature == self.signature
-        return shape == self.out_shape or shape == self.in_shape
-
-    def accepts(self, members: set[Term]) -> bool:
-        """One pass: no prologue value may depend on a reduced one (a variance's
-        `x - mean(x)` needs two passes over I; fuse-row does that along one dim)."""
-        return all(tuple(a.meta.shape) == self.in_shape
-                   for m in members if tuple(m.meta.shape) == self.in_shape
-                   for a in m.args if a in members)
-
-
-class AttentionSpace:
-    """One `attention` op (rules/recognize/attention.yaml) and nothing else: its
-    operands are the kernel's inputs. No side outputs (it has no other member)."""
-
-    side_outputs = False
-
-    def __init__(self, root: Term) -> None:
-        self.root = root
-
-    def fits(self, t: Term) -> bool:
-        return t is self.root and t.op == "attention"
-
-
-SPACES: dict[str, Callable[[Term], Any]] = {"pointwise": PointwiseSpace, "row": RowSpace,
-                                            "reduction": ReductionSpace, "matmul": MatmulSpace,
-                                            "attention": AttentionSpace}
+    def fits(self, t: Term) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -380,9 +231,15 @@ class Order:
 
 
 def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
-         can_compile: Callable[[Term], bool], log: Callable[[str], None] | None = None
-         ) -> tuple[Graph, Counter[str]]:
-    """Group terms into `kernel` terms; returns the new graph and groups per rule."""
+         can_compile: Callable[[Term], bool], spaces: Mapping[str, Callable[[Term], Space]],
+         log: Callable[[str], None] | None = None) -> tuple[Graph, Counter[str]]:
+    """Group terms into `kernel` terms; returns the new graph and groups per rule.
+    `spaces` gives each kernel kind's iteration space (kinds/registry.py: SPACES);
+    a rule naming a kind it lacks is an error, never a silent default."""
+    missing = sorted({r.kernel for r in rules if r.kernel not in spaces}, key=str)
+    if missing:
+        raise ValueError(f"no iteration space for kernel kind(s) {missing} "
+                         f"(known: {', '.join(sorted(spaces))})")
     # Topological, the graph's last outputs first: roots are visited from the end, so
     # the caller's values (AOTAutograd returns them first, then what it saves for the
     # backward) start groups first, and the saved values join them as side outputs
@@ -405,7 +262,7 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
         if t in owner or table.get(t.op) is None or not can_compile(t):
             continue
         for rule in ranked:
-            group = _try_rule(rule, t, table, places, outputs, can_compile, guards)
+            group = _try_rule(rule, t, table, places, outputs, can_compile, guards, spaces)
             if group is not None:
                 groups.append(group)
                 places.commit(group)
@@ -413,7 +270,7 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
                 if log:
                     side = len(group.outputs) - 1
                     log(f"{rule.name} @ {rule.location}: {len(group.members)} op(s) "
-                        f"-> kernel ({rule.template})"
+                        f"-> kernel ({rule.kernel})"
                         + (f", {side} side output(s)" if side else ""))
                 break
     if not groups:
@@ -422,11 +279,12 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
 
 
 def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: set[Term],
-              can_compile: Callable[[Term], bool], guards: GuardEval) -> Group | None:
+              can_compile: Callable[[Term], bool], guards: GuardEval,
+              spaces: Mapping[str, Callable[[Term], Space]]) -> Group | None:
     if next(Matcher(table).match(rule.pattern, root, {}), None) is None:
         return None
-    assert rule.template is not None
-    space = SPACES.get(rule.template, PointwiseSpace)(root)
+    assert rule.kernel is not None
+    space = spaces[rule.kernel](root)
     if not space.fits(root):
         return None
     members = _grow(rule, root, space, table, places, outputs, can_compile)
@@ -559,7 +417,7 @@ def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
         build(o)  # a side output that is a user of members, not a producer of the root
     rule = group.rule
     attrs: tuple[tuple[str, Any], ...] = (
-        ("rule", rule.name), ("template", rule.template), ("location", rule.location),
+        ("rule", rule.name), ("kind", rule.kernel), ("location", rule.location),
         ("body", root))
     meta = group.root.meta
     if len(group.outputs) > 1:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import diag
 from .errors import RewriteStop
-from .fuse import fuse
+from .fuse import Space, fuse
 from .ops import OpTable, default_op_table
 from .rewrite import REWRITE_SECONDS, Explanation, Folder, Rewriter, RuleStats
 from .rules import Rule
@@ -61,6 +61,7 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  table: OpTable | None = None, folder: Folder | None = None,
                  is_frozen: Callable[[Term], bool] | None = None,
                  can_compile: Callable[[Term], bool] | None = None,
+                 spaces: Mapping[str, Callable[[Term], Space]] | None = None,
                  relayout: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
@@ -69,7 +70,9 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
     """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget
     (steps, or `seconds` for each phase).
 
-    `relayout(graph) -> (graph, summary)` is the layout phase (None: layouts stay)."""
+    `relayout(graph) -> (graph, summary)` is the layout phase (None: layouts stay).
+    `can_compile` and `spaces` (each kernel kind's iteration space: kinds/registry.py)
+    are the kernel target the fuse phase groups for (None: everything stays on ATen)."""
     table = table or default_op_table()
     log = log or diag.log.info
     fired: Counter[str] = Counter()
@@ -98,7 +101,7 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
             if can_compile is None:
                 continue
             graph, groups = fuse(graph, store, table, phase_rules, can_compile=can_compile,
-                                 log=log if debug >= 2 else None)
+                                 spaces=spaces or {}, log=log if debug >= 2 else None)
             fired.update(groups)
             line = (f"phase fuse: {sum(groups.values())} kernel(s), {n_before} -> "
                     f"{len(graph.terms())} terms, {1000 * (time.perf_counter() - start):.1f} ms")

@@ -19,6 +19,7 @@ YAML with the safe loader and parses expressions with the lark grammar.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls", "outputs")
 # nothing can quote, call, or climb out of a folder.
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
-             "no_match", "fp_exact", "overrides", "template", "grow"}
+             "no_match", "fp_exact", "overrides", "kernel", "grow"}
 FILE_KEYS = {"rules", "kind", "doc"}
 # Functions a replacement may use to compute attribute values.
 ATTR_FUNCS: dict[str, Any] = {
@@ -83,7 +84,7 @@ class Rule:
     priority: int = 0
     fp_exact: bool = True
     overrides: bool = False
-    template: str | None = None
+    kernel: str | None = None  # fuse rules: the kernel kind (kinds/registry.py)
     examples: tuple[dict[str, Any], ...] = ()
     no_match: tuple[dict[str, Any], ...] = ()
     builtin: bool = True
@@ -124,8 +125,14 @@ def _pattern_vars(p: Pattern) -> set[str]:
 
 
 class RuleLoader:
-    def __init__(self, table: OpTable | None = None) -> None:
+    """Loads rule files. `kernels` are the kernel kinds a fuse rule may name
+    (kinds/registry.py: RULE_KINDS, which rulesets.py passes): the engine knows no
+    kind itself, and a fuse rule naming one not given is an error."""
+
+    def __init__(self, table: OpTable | None = None,
+                 kernels: Collection[str] = ()) -> None:
         self.table = table or default_op_table()
+        self.kernels = frozenset(kernels)
 
     def load_file(self, path: Path | str, *, builtin: bool = False,
                   text: str | None = None) -> list[Rule]:
@@ -185,6 +192,9 @@ class RuleLoader:
             return Where(file, ln, col, name)
 
         unknown = set(entry) - RULE_KEYS
+        if "template" in unknown:  # what fuse rules said before kernel kinds
+            raise RuleError("a fuse rule names its kernel kind, `kernel: NAME`, not a "
+                            "`template:` (kinds/registry.py)", at("template"))
         if unknown:
             raise RuleError(f"unknown key(s): {', '.join(sorted(map(str, unknown)))}", where)
         doc = entry.get("doc")
@@ -237,9 +247,9 @@ class RuleLoader:
         priority = entry.get("priority", 0)
         if not isinstance(priority, int):
             raise RuleError("priority must be an integer", at("priority"))
-        template = entry.get("template")
-        if kind == "fuse" or template is not None:
-            _check_template(template, at("template"))
+        kernel = entry.get("kernel")
+        if kind == "fuse" or kernel is not None:
+            self._check_kernel(kind, kernel, at("kernel") if "kernel" in entry else where)
         grow = entry.get("grow", [])
         if not isinstance(grow, list) or any(g not in CATEGORIES for g in grow):
             raise RuleError(f"`grow:` lists op categories ({', '.join(CATEGORIES)})",
@@ -248,10 +258,21 @@ class RuleLoader:
             name=name, doc=doc.strip(), kind=kind, pattern=pattern, pattern_src=src,
             replace=replace_ast, replace_src=replace_src, guards=tuple(guards), where=where,
             priority=priority, fp_exact=bool(entry.get("fp_exact", True)),
-            overrides=bool(entry.get("overrides", False)), template=template,
+            overrides=bool(entry.get("overrides", False)), kernel=kernel,
             examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
             grow=tuple(grow),
         )
+
+    def _check_kernel(self, kind: str, kernel: Any, where: Where) -> None:
+        """A fuse rule names its kernel kind, one of `self.kernels`; no other rule does."""
+        if kind != "fuse":
+            raise RuleError("only fuse rules name a `kernel:` kind", where)
+        known = ", ".join(sorted(self.kernels)) or "none given to the loader"
+        if not isinstance(kernel, str) or not kernel:
+            raise RuleError(f"a fuse rule names its kernel kind, `kernel: NAME` ({known})",
+                            where)
+        if kernel not in self.kernels:
+            raise RuleError(f"unknown kernel kind {kernel!r} (known: {known})", where)
 
     def _check_replace(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
         for v in S.variables(node):
@@ -333,26 +354,6 @@ def _literal(node: S.Node, compiler: Compiler) -> Any:
     if isinstance(node, S.Seq) and _NOT_LITERAL not in values:
         return tuple(values)
     return _NOT_LITERAL
-
-
-TEMPLATE_FILES = ("triton/{}.py.j2", "openmp/{}.cpp.j2")
-
-
-def _check_template(template: Any, where: Where) -> None:
-    """A fuse rule names a kernel template: templates/triton/NAME.py.j2 for the GPU
-    and/or templates/openmp/NAME.cpp.j2 for the CPU. A template for one target only
-    (the Triton matmul) leaves the other target's groups on ATen."""
-    templates = Path(__file__).resolve().parent.parent / "templates"
-    if not isinstance(template, str) or not template:
-        raise RuleError("a fuse rule names its `template:` (e.g. `pointwise`)", where)
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", template):
-        raise RuleError(f"template {template!r} must be a template name (lowercase letters, "
-                        "digits, '_'), e.g. `pointwise`", where)
-    missing = [f.format(template) for f in TEMPLATE_FILES
-               if not (templates / f.format(template)).is_file()]
-    if len(missing) == len(TEMPLATE_FILES):
-        raise RuleError(f"no template {template!r}: missing templates/"
-                        f"{' and templates/'.join(missing)}", where)
 
 
 def _value_where(lines: dict[tuple[Any, ...], Any], path: tuple[Any, ...], key: Where) -> Where:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..engine.term import Term
 from .kernels import TRITON_DTYPES, RenderError, _header
+from .kind import Kind
 from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
 
@@ -49,7 +50,7 @@ def attention_spec(term: Term, index: int) -> KernelSpec:
     digest = hashlib.sha256(repr((term.attr("rule"), dtype, has_mask, causal)).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="attention", rule=term.attr("rule"),
-                      location=term.attr("location"), template=term.attr("template"),
+                      location=term.attr("location"), template=term.attr("kind"),
                       inputs=inputs, body=[t for t in root.walk()], root=root, written=[root],
                       outputs=[KOutput("out", dtype, False, tuple(root.meta.shape))],
                       rank=4, replaced_ops=_replaced_ops(has_mask),
@@ -95,3 +96,26 @@ def render_attention(spec: KernelSpec) -> str:
     return render_template("triton/attention.py.j2", header=_header(spec, "triton", "#"),
                            name=spec.name, dtype=TRITON_DTYPES[dtype], p_dtype=p_dtype,
                            operand_cast=operand_cast, dot_args=dot_args)
+
+
+class AttentionSpace:
+    """One `attention` op (rules/recognize/attention.yaml) and nothing else: its
+    operands are the kernel's inputs. No side outputs (it has no other member)."""
+
+    side_outputs = False
+
+    def __init__(self, root: Term) -> None:
+        self.root = root
+
+    def fits(self, t: Term) -> bool:
+        return t is self.root and t.op == "attention"
+
+
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
+    return render_attention(spec)
+
+
+KIND = Kind(name="attention",
+            doc="softmax(q @ kT * scale, masked) @ v as one flash-attention kernel",
+            space=AttentionSpace, spec=attention_spec, render=_render,
+            launchers={"triton": "AttentionLauncher"})

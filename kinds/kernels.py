@@ -20,7 +20,7 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import sympy
 
@@ -56,19 +56,10 @@ class RenderError(Exception):
     """The group cannot be rendered by this target; it falls back to ATen."""
 
 
-def kernel_kind(term: Term) -> str:
-    template = term.attr("template")
-    return template if template in ("row", "matmul") else "pointwise"
-
-
-def spec_of(term: Term, index: int) -> KernelSpec:
-    if kernel_kind(term) == "matmul":
-        from .matmul import matmul_spec
-
-        return matmul_spec(term, index)
+def spec_of(term: Term, index: int, kind: Literal["pointwise", "row"]) -> KernelSpec:
+    """The spec of a pointwise or row kernel term (kinds/pointwise.py, kinds/row.py)."""
     body = body_terms(term)
     root = term.attr("body")
-    kind = kernel_kind(term)
     dim = None
     if kind == "row":
         dim = next(reduced_dim(t) for t in body if t.op in ROW_REDUCTIONS)
@@ -108,7 +99,7 @@ def spec_of(term: Term, index: int) -> KernelSpec:
     digest = hashlib.sha256(repr(key).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
-                      location=term.attr("location"), template=term.attr("template"),
+                      location=term.attr("location"), template=term.attr("kind"),
                       inputs=inputs, body=body, root=root, outputs=outputs, written=written,
                       rank=rank, replaced_ops=len(ops),
                       meta={"dim": dim, "shape": shape, "order": order, "tile": tile})
@@ -438,10 +429,6 @@ def render(spec: KernelSpec, target: str, table: OpTable | None = None,
     ext = "py" if target == "triton" else "cpp"
     if not has_template(f"{target}/{spec.template}.{ext}.j2"):
         raise RenderError(f"no {target} template templates/{target}/{spec.template}.{ext}.j2")
-    if spec.kind == "matmul":
-        from .matmul import render_matmul
-
-        return render_matmul(spec, table)
     if target == "triton":
         return _render_triton(spec, table)
     return _render_cpp(spec, table, simd_decls)

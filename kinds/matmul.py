@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
-from ..engine.fuse import MATMULS, RESHAPES, body_terms
-from ..engine.ops import OpTable
+from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms, static_shape
+from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .kernels import (
     TRITON_DTYPES,
@@ -29,6 +30,7 @@ from .kernels import (
     strided_offset,
     value_expr,
 )
+from .kind import Kind
 from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
 
@@ -58,7 +60,7 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     ops = [t for t in body if t.op not in ("arg", "const")]
     return KernelSpec(name=name, kind="matmul", rule=term.attr("rule"),
-                      location=term.attr("location"), template=term.attr("template"),
+                      location=term.attr("location"), template=term.attr("kind"),
                       inputs=inputs, body=body, root=root, written=[root],
                       outputs=[KOutput("out", root.meta.dtype, False, shape)], rank=rank,
                       replaced_ops=len([t for t in ops if t.op not in RESHAPES]),
@@ -119,3 +121,51 @@ def render_matmul(spec: KernelSpec, table: OpTable) -> str:
                            a_ptr=f"{spec.inputs[meta['a']].name}_ptr",
                            b_ptr=f"{spec.inputs[meta['b']].name}_ptr", dot_args=dot_args,
                            operand_cast=operand_cast)
+
+
+class MatmulSpace:
+    """One matrix product [M, K] @ [K, N] and the pointwise epilogue on its result,
+    in the root's shape S: S is [M, N], or [..., N] when a reshape splits M (a
+    Linear on a 3-d input). The product's operands are the kernel's inputs: the
+    group never grows past the matmul (`stops_at`). No side outputs: the template
+    stores one output tile, and a value the epilogue shares with another user
+    stays outside the kernel, as before side outputs existed."""
+
+    side_outputs = False
+
+    def __init__(self, root: Term) -> None:
+        self.shape = tuple(root.meta.shape)
+        self.mm: Term | None = None
+
+    def stops_at(self, t: Term) -> bool:
+        return t.op in MATMULS
+
+    def fits(self, t: Term) -> bool:
+        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS or len(self.shape) < 2:
+            return False
+        if t.op in MATMULS:
+            ok = self.mm is None and t.meta.rank == 2 and static_shape(t.meta.shape) \
+                and static_shape(self.shape) and tuple(t.meta.shape) == self._flat()
+            if ok:
+                self.mm = t
+            return ok
+        if t.op in RESHAPES:
+            # only the reshape right above the product, from [M, N] to S
+            return self.mm is None and tuple(t.meta.shape) == self.shape \
+                and tuple(t.args[0].meta.shape) == self._flat() and t.args[0].op in MATMULS
+        return tuple(t.meta.shape) == self.shape and t.op not in ROW_REDUCTIONS
+
+    def _flat(self) -> tuple[Any, ...]:
+        m = 1
+        for s in self.shape[:-1]:
+            m *= s
+        return (m, self.shape[-1])
+
+
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
+    return render_matmul(spec, default_op_table())
+
+
+KIND = Kind(name="matmul", doc="a half-precision matrix product and its pointwise epilogue",
+            space=MatmulSpace, spec=matmul_spec, render=_render,
+            launchers={"triton": "MatmulLauncher"})

@@ -26,7 +26,7 @@ from typing import Any
 
 import sympy
 
-from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dims
+from ..engine.fuse import FLOATS, ROW_REDUCTIONS, body_terms, reduced_dims
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator, cpp_accumulator
@@ -40,6 +40,7 @@ from .kernels import (
     print_index,
     value_expr,
 )
+from .kind import Kind
 from .spec import KernelSpec, KInput, KOutput, stride_params
 from .templates import render_template
 
@@ -85,7 +86,7 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
                                   in_flat, out_flat, [x.dtype for x in inputs])).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="reduction", rule=term.attr("rule"),
-                      location=term.attr("location"), template=term.attr("template"),
+                      location=term.attr("location"), template=term.attr("kind"),
                       inputs=inputs, body=body, root=root, written=[root],
                       outputs=[KOutput("out", root.meta.dtype, False, out_shape)],
                       rank=rank, replaced_ops=len(ops),
@@ -332,3 +333,49 @@ def _unit_offset(spec: KernelSpec, i: int) -> str:
     stride = sympy.Symbol(f"{spec.inputs[i].name}_stride{last}", integer=True)
     return print_index(_strided_in(spec, i, "o", "r").subs(stride, 1), "cpp")
 
+
+class ReductionSpace:
+    """sum/mean/amax/amin over any dims of an input shape I, giving output shape O:
+    members are I-shaped values (the prologue, computed per reduced element),
+    reductions over the same dims of I-shaped values, and O-shaped values (the
+    epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
+    is refused: the two phases could not be told apart by shape. No side outputs:
+    the prologue's values exist only inside the reduction's (possibly split) loop,
+    and the template stores one output."""
+
+    side_outputs = False
+
+    def __init__(self, root: Term) -> None:
+        self.out_shape = tuple(root.meta.shape)
+        self.in_shape: tuple[Any, ...] | None = None
+        self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
+
+    def fits(self, t: Term) -> bool:
+        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS:
+            return False
+        shape = tuple(t.meta.shape)
+        if t.op in ROW_REDUCTIONS:
+            dims = reduced_dims(t)
+            if dims is None or shape != self.out_shape:
+                return False
+            signature = (tuple(t.args[0].meta.shape), dims, t.attr("keepdim"))
+            if self.signature is None and signature[0] != shape:
+                self.signature, self.in_shape = signature, signature[0]
+            return signature == self.signature
+        return shape == self.out_shape or shape == self.in_shape
+
+    def accepts(self, members: set[Term]) -> bool:
+        """One pass: no prologue value may depend on a reduced one (a variance's
+        `x - mean(x)` needs two passes over I; fuse-row does that along one dim)."""
+        return all(tuple(a.meta.shape) == self.in_shape
+                   for m in members if tuple(m.meta.shape) == self.in_shape
+                   for a in m.args if a in members)
+
+
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
+    return render_reduction(spec, target, simd_decls=simd_decls)
+
+
+KIND = Kind(name="reduction", doc="sum/mean/amax/amin over any dims, with prologue and epilogue",
+            space=ReductionSpace, spec=reduction_spec, render=_render,
+            launchers={"triton": "ReductionTritonLauncher", "openmp": "ReductionCppLauncher"})

@@ -28,6 +28,7 @@ from .kernels import (
     value_expr,
 )
 from .reduction import triton_accumulate, triton_finish, triton_init
+from .kind import Kind
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import render_template
 
@@ -181,3 +182,11 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body,
                            row_stores=[o for o in stores if o["per_row"]], elem_stores=last)
+
+
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
+    return render_row_looped(spec)
+
+
+KIND = Kind(name="row_looped", doc="a row kernel reading a row too wide for registers in chunks",
+            render=_render, launchers={"triton": "LoopedRowTritonLauncher"})

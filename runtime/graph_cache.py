@@ -74,7 +74,7 @@ class Artifact:
     source: str
     globals: dict[str, Any]
     frozen: dict[int, torch.Tensor]  # input position -> parameter frozen as a constant
-    steps: dict[int, Any]  # id(constant) -> frontend.fold.FoldStep
+    steps: dict[int, Any]  # id(constant) -> aten.fold.FoldStep
     cudagraphs: bool
     record: report.GraphRecord
 

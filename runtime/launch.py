@@ -308,26 +308,46 @@ class TritonLauncher(Launcher):
 
     def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
              ) -> None:
-        space, strides = g.space, g.strides
-        if self.spec.template == "pointwise_tiled":
-            tile = int(self.spec.meta["tile"])
-            # kinds/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
-            tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
-            grid = (g.numel // (space[tile] * space[-1]) * tiles,)
-            self.kernel[grid](*tensors, *outs, g.numel, *space, *strides,
-                              BLOCK_Y=self.TILE_Y, BLOCK_X=self.TILE_X)
-        elif self.spec.kind == "pointwise":
-            n = g.numel
-            grid = (triton_cdiv(n, self.BLOCK_SIZE),)
-            self.kernel[grid](*tensors, *outs, n, *space, *strides, BLOCK_SIZE=self.BLOCK_SIZE)
-        else:
-            cols = space[-1]
-            rows = _numel(space) // cols
-            block = block_pow2(cols)
-            if self.spec.template == "row_looped":  # kinds/row_looped.py: chunks of a row
-                block = chunk(self.spec, block)
-            self.kernel[(rows,)](*tensors, *outs, cols, *space, *strides, BLOCK_C=block,
-                                 num_warps=row_warps(block))
+        """A pointwise kernel (kinds/pointwise.py): one flat loop over the elements."""
+        n = g.numel
+        grid = (triton_cdiv(n, self.BLOCK_SIZE),)
+        self.kernel[grid](*tensors, *outs, n, *g.space, *g.strides, BLOCK_SIZE=self.BLOCK_SIZE)
+
+
+class TiledTritonLauncher(TritonLauncher):
+    """A pointwise kernel in 2-d tiles (kinds/pointwise_tiled.py)."""
+
+    def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
+             ) -> None:
+        space, tile = g.space, int(self.spec.meta["tile"])
+        # kinds/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
+        tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
+        grid = (g.numel // (space[tile] * space[-1]) * tiles,)
+        self.kernel[grid](*tensors, *outs, g.numel, *space, *g.strides,
+                          BLOCK_Y=self.TILE_Y, BLOCK_X=self.TILE_X)
+
+
+class RowTritonLauncher(TritonLauncher):
+    """A row kernel (kinds/row.py): one program per row, the row in registers."""
+
+    def block(self, cols: int) -> int:
+        return block_pow2(cols)
+
+    def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
+             ) -> None:
+        space = g.space
+        cols = space[-1]
+        rows = _numel(space) // cols
+        block = self.block(cols)
+        self.kernel[(rows,)](*tensors, *outs, cols, *space, *g.strides, BLOCK_C=block,
+                             num_warps=row_warps(block))
+
+
+class LoopedRowTritonLauncher(RowTritonLauncher):
+    """A row read in chunks (kinds/row_looped.py)."""
+
+    def block(self, cols: int) -> int:
+        return chunk(self.spec, block_pow2(cols))
 
 
 class MatmulLauncher(Launcher):
@@ -414,22 +434,15 @@ def _direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
                         options=options)
 
 
-def launcher_class(spec: KernelSpec, target: str) -> str:
-    if spec.template == "reduction":
-        return "ReductionTritonLauncher" if target == "triton" else "ReductionCppLauncher"
-    if target != "triton":
-        return "CppLauncher"
-    return {"matmul": "MatmulLauncher", "attention": "AttentionLauncher"}.get(
-        spec.kind, "TritonLauncher")
-
-
 def _launcher_type(name: str) -> type[Launcher]:
+    """The launcher class a kind names (kinds/*.py: `launchers`)."""
     if name.startswith("Reduction"):
         # imported here: runtime/reduction_launch.py builds on this module's Launcher
         from . import reduction_launch
 
         return getattr(reduction_launch, name)  # type: ignore[no-any-return]
-    types = (CppLauncher, TritonLauncher, MatmulLauncher, AttentionLauncher)
+    types = (CppLauncher, TritonLauncher, TiledTritonLauncher, RowTritonLauncher,
+             LoopedRowTritonLauncher, MatmulLauncher, AttentionLauncher)
     return next(c for c in types if c.__name__ == name)
 
 

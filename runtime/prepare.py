@@ -21,13 +21,11 @@ from ..aten.bridge import Bridge
 from ..engine.diag import user_stacklevel
 from ..engine.fuse import body_terms, kernel_outputs
 from ..engine.term import Graph, Term, TermStore, rebuild
-from ..kinds.attention import attention_spec, render_attention
-from ..kinds.kernels import RenderError, render, spec_of
-from ..kinds.reduction import reduction_spec, render_reduction
-from ..kinds.row_looped import looped, render_row_looped
+from ..kinds import registry
+from ..kinds.kernels import RenderError
 from ..kinds.spec import KernelSpec
 from .build import BudgetSpent, BuildError, budget, vector_math_decls
-from .launch import KernelFallback, KernelRecipe, Result, launcher_class
+from .launch import KernelFallback, KernelRecipe, Result
 
 
 @dataclass
@@ -96,26 +94,9 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             failed[t] = inline_body(t, store)
             continue
         try:
-            reduction = t.attr("template") == "reduction"
-            attention = t.attr("template") == "attention"
-            if attention and target != "triton":
-                raise RenderError(f"no {target} template for attention")
-            spec = (reduction_spec(t, index) if reduction else
-                    attention_spec(t, index) if attention else spec_of(t, index))
-            if spec.kind == "row":
-                spec.meta["cols"] = _static(spec)
-                if target == "triton" and looped(spec):
-                    spec.template = "row_looped"
-            elif (spec.kind == "pointwise" and target == "triton"
-                  and spec.meta.get("tile") is not None):
-                spec.template = "pointwise_tiled"  # a layout change: 2-d tiles (kernels.py)
+            spec, source, launcher_name = _render(t, index, target)
             spec.autotune = autotune and target == "triton"
-            simd = vector_math_decls() if target == "openmp" else ()
-            source = (render_reduction(spec, target, simd_decls=simd) if reduction else
-                      render_attention(spec) if attention else
-                      render_row_looped(spec) if spec.template == "row_looped" else
-                      render(spec, target, simd_decls=simd))
-            recipe = KernelRecipe(target, source, launcher_class(spec, target), contract)
+            recipe = KernelRecipe(target, source, launcher_name, contract)
             launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
         except BudgetSpent as e:
             if strict:
@@ -127,7 +108,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             continue
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
-                       f"(template {target}/{t.attr('template')}) falls back to ATen: {e}")
+                       f"(template {target}/{t.attr('kind')}) falls back to ATen: {e}")
             if strict:
                 from ..engine.errors import CompileError
 
@@ -172,12 +153,19 @@ def body_ops(spec: KernelSpec) -> dict[str, int]:
     return dict(sorted(ops.items()))
 
 
-def _static(spec: KernelSpec) -> int:
-    """The row length known at compile time (1 when it is symbolic)."""
-    try:
-        return int(spec.meta["shape"][spec.meta["dim"]])
-    except (TypeError, KeyError, IndexError):
-        return 1
+def _render(term: Term, index: int, target: str) -> tuple[KernelSpec, str, str]:
+    """A kernel term's spec, its source for `target` and its launcher's name, all
+    from its kind (kinds/registry.py), or the variant the kind picks for `target`."""
+    kind = registry.kind(term.attr("kind"))
+    if target not in kind.launchers or kind.spec is None:
+        raise RenderError(f"no {target} template for {kind.name}")
+    spec = kind.spec(term, index)
+    variant = kind.variant(spec, target)
+    if variant is not None:
+        kind = registry.kind(variant)
+        spec.template = kind.name
+    simd = vector_math_decls() if target == "openmp" else ()
+    return spec, kind.render(spec, target, simd), kind.launchers[target]
 
 
 def inline_body(kernel: Term, store: TermStore) -> tuple[Term, ...]:

@@ -108,21 +108,25 @@ def test_causal_mask_skips_the_mask() -> None:
     recognized as causal: the kernel masks by index."""
     model = SelfAttention(32, 2, 40, "causal").to(DEVICE, torch.float16).eval()
     x = torch.randn(2, 40, 32, device=DEVICE, dtype=torch.float16)
-    from rewritec.runtime import prepare
+    import dataclasses
+
+    from rewritec.kinds import registry
 
     seen: list[bool] = []
-    spec = prepare.attention_spec
+    kind = registry.KINDS["attention"]
+    assert kind.spec is not None
+    spec = kind.spec
 
     def spy(term, index):
         out = spec(term, index)
         seen.append(out.meta["causal"])
         return out
 
-    prepare.attention_spec = spy
+    registry.KINDS["attention"] = dataclasses.replace(kind, spec=spy)
     try:
         got, want = run(model, x, freeze=True)
     finally:
-        prepare.attention_spec = spec
+        registry.KINDS["attention"] = kind
     assert seen == [True]
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
 

@@ -5,8 +5,8 @@ error text, paths relative to the repository root (see bad_rules/README.md).
 Two mechanisms produce that text, both in-process:
 
 - load errors (every case but `loop_*` and `unsound_*`): the message of the
-  `RuleError`/`RuleErrors` raised by `RuleLoader().load_file(path)`, which is
-  also what `rewritec ...` prints after `rewritec: error: ` (exit 2);
+  `RuleError`/`RuleErrors` raised by `RuleLoader(kernels=RULE_KINDS).load_file(path)`,
+  which is also what `rewritec ...` prints after `rewritec: error: ` (exit 2);
 - rule-check problems (`loop_*`, `unsound_*`): the files load, and the
   problem lines of `rewritec rules check --rules PATH` for the file's own
   rules (`FILE:LINE: [rule] problem`, without the indentation) show why.
@@ -37,6 +37,7 @@ import torch
 from rewritec.compiler import RewritecWarning
 from rewritec.engine.errors import RuleError, RuleErrors
 from rewritec.engine.rules import RuleLoader
+from rewritec.kinds.registry import RULE_KINDS
 from rewritec.rulecheck import rule_report
 from rewritec.rulesets import builtin_rules
 
@@ -68,7 +69,7 @@ def _check_problems(path: Path) -> str:
     own rules (the whole library is the loop-check context, as in the CLI)."""
     # What `rules check` sees: the library plus this file, before the per-compile
     # verification (rulesets.verify_user_rules) that would reject it outright.
-    library = list(builtin_rules()) + RuleLoader().load_file(path)
+    library = list(builtin_rules()) + RuleLoader(kernels=RULE_KINDS).load_file(path)
     rel = str(path.relative_to(REPO_ROOT))
     lines = []
     for rule in library:
@@ -84,7 +85,7 @@ def produce(name: str) -> str:
     if name.startswith(CHECKED):
         return _norm(_check_problems(path))
     try:
-        RuleLoader().load_file(path)
+        RuleLoader(kernels=RULE_KINDS).load_file(path)
     except (RuleError, RuleErrors) as e:
         return _norm(str(e))
     return "(the file loads without an error)"
@@ -180,12 +181,12 @@ def test_snake_case_rule_name_loads_and_fires(tmp_path: Path) -> None:
 
     path = tmp_path / "snake.yaml"
     path.write_text(SNAKE_RULE)
-    assert [r.name for r in RuleLoader().load_file(path)] == ["add_self_Twice"]
+    assert [r.name for r in RuleLoader(kernels=RULE_KINDS).load_file(path)] == ["add_self_Twice"]
     assert_fires("add_self_Twice", lambda x: (x + x).sin(), torch.randn(8), rules=[str(path)])
     with pytest.raises((RuleError, RuleErrors), match="rule name must be"):  # no newline
         bad = tmp_path / "newline.yaml"
         bad.write_text(SNAKE_RULE.replace("name: add_self_Twice", 'name: "add_self\\n"'))
-        RuleLoader().load_file(bad)
+        RuleLoader(kernels=RULE_KINDS).load_file(bad)
 
 
 def test_python_tag_runs_nothing() -> None:
@@ -194,7 +195,7 @@ def test_python_tag_runs_nothing() -> None:
     marker.unlink(missing_ok=True)
     for name in ("yaml_python_tag", "yaml_python_name_tag"):
         with pytest.raises((RuleError, RuleErrors)):
-            RuleLoader().load_file(BAD_DIR / f"{name}.yaml")
+            RuleLoader(kernels=RULE_KINDS).load_file(BAD_DIR / f"{name}.yaml")
     assert not marker.exists()
 
 

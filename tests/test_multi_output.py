@@ -23,6 +23,7 @@ from rewritec.runtime import launch
 from rewritec.runtime.build import cxx
 from rewritec.runtime.launch import KernelFallback
 from rewritec.engine.fuse import fuse
+from rewritec.kinds.registry import SPACES
 from rewritec.engine.ops import default_op_table
 from rewritec.engine.term import Graph, Meta, TermStore
 from rewritec.rulesets import builtin_rules
@@ -304,7 +305,8 @@ def _engine_graph() -> tuple[Graph, TermStore]:
 def test_fused_graph_keeps_kernels_acyclic() -> None:
     graph, store = _engine_graph()
     rules = [r for r in builtin_rules() if r.kind == "fuse"]
-    fused, fired = fuse(graph, store, default_op_table(), rules, can_compile=lambda t: True)
+    fused, fired = fuse(graph, store, default_op_table(), rules, can_compile=lambda t: True,
+                        spaces=SPACES)
     kernel_terms = [t for t in fused.terms() if t.op == "kernel"]
     assert sum(fired.values()) == len(kernel_terms) == 2
     (multi,) = [k for k in kernel_terms if k.meta.kind == "tuple"]

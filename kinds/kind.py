@@ -1,0 +1,53 @@
+"""What a kernel kind is: the one unit that fusion, code generation and launching ask.
+
+A fuse rule names a kind (`kernel: row`), and the rule loader checks the name
+against the registry (kinds/registry.py): an unknown kind is a load error. The
+kind then answers what used to be a switch on a template's name, in each place
+that needed it:
+
+- `space`: the iteration space a group grows in (engine/fuse.py asks it whether
+  a producer fits, and whether it may be a side output);
+- `spec`: a `kernel` term -> its `KernelSpec` (kinds/spec.py);
+- `variant`: the kind that renders this spec on a target instead (a row too wide
+  for registers loops over chunks, a layout change runs in 2-d tiles);
+- `render`: the spec -> source for a target, through templates/<target>/<name>.*.j2;
+- `launchers`: per target it renders for, the runtime/launch.py launcher class.
+
+A variant (`row_looped`, `pointwise_tiled`) is a kind no rule names: it has no
+space or spec of its own, only a render and launchers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..engine.term import Term
+from .spec import KernelSpec
+
+Target = Literal["triton", "openmp"]
+# spec, target, the C++ vector-math declarations (runtime/build.py probes them) -> source
+Render = Callable[[KernelSpec, str, tuple[str, ...]], str]
+
+
+def _same(spec: KernelSpec, target: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str  # what a fuse rule's `kernel:` names; its templates are <target>/<name>.*.j2
+    doc: str
+    render: Render
+    # target -> the name of its launcher class (runtime/launch.py: LAUNCHERS); a target
+    # missing here leaves the kind's groups on ATen there
+    launchers: Mapping[str, str]
+    space: Callable[[Term], Any] | None = None  # None: a variant only
+    spec: Callable[[Term, int], KernelSpec] | None = None
+    # the name of the kind that renders `spec` on `target` instead, or None
+    variant: Callable[[KernelSpec, str], str | None] = field(default=_same)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(self.launchers)

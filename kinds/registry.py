@@ -1,0 +1,42 @@
+"""Every kernel kind, by the name a fuse rule's `kernel:` gives it.
+
+The rule loader checks each fuse rule's kind against `KINDS` (rulesets.py passes
+the names), fusion grows groups in each kind's `SPACES` entry (engine/fuse.py), and
+runtime/prepare.py renders and launches a kernel term through its kind. Adding a
+kind is one module here, its templates and a rule (docs/fusion.md).
+
+Kept apart from kinds/__init__.py: a graph-cache load imports kinds/spec.py and
+nothing else of this folder (tests/test_graph_cache.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..engine.term import Term
+from . import attention, matmul, pointwise, pointwise_tiled, reduction, row, row_looped
+from .kind import Kind
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    pointwise.KIND, pointwise_tiled.KIND, row.KIND, row_looped.KIND, reduction.KIND,
+    matmul.KIND, attention.KIND)}
+
+# The kinds a rule may name (variants are chosen by their kind, never named).
+RULE_KINDS: frozenset[str] = frozenset(n for n, k in KINDS.items() if k.space is not None)
+
+SPACES: dict[str, Callable[[Term], Any]] = {
+    n: k.space for n, k in KINDS.items() if k.space is not None}
+
+
+class UnknownKind(KeyError):
+    pass
+
+
+def kind(name: str) -> Kind:
+    """The kind named `name`; an unknown name is an error, never a default."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnknownKind(f"unknown kernel kind {name!r} (known: "
+                          f"{', '.join(sorted(KINDS))})") from None
