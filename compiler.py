@@ -1,6 +1,6 @@
 """Compiling one captured ATen graph: convert -> rewrite -> lower.
 
-    FX graph --aten.convert--> terms --engine.pipeline (PHASES)--> terms
+    FX graph --aten.convert--> terms --engine.pipeline (PASSES)--> terms
              --runtime.wrapper--> one straight-line Python function
 
 Whatever goes wrong for a graph, the result stays correct: the graph falls
@@ -29,6 +29,7 @@ from .aten.convert import fx_to_terms
 from .engine.diag import log as _log
 from .engine.diag import user_stacklevel
 from .engine.errors import CompileError, RewritecError
+from .engine.rewrite import Explanation
 from .engine.term import Graph
 from .aten.regions import CALL_LABEL as REGION_CALL
 from .aten.regions import (Region, compile_regions, has_regions, region_bodies,
@@ -345,7 +346,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         from .rulesets import ruleset_for
 
         target = choose_target(opts, graph)
+        explanation = None
+        if opts.explain:
+            explanation = Explanation(opts.explain)
+            report.EXPLANATIONS.append((name, explanation))
         result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
+                              explain=explanation,
                               log=lambda line: _log.info("%s: %s", name, line),
                               folder=make_folder(conv.store, bridge, parts["steps"]),
                               is_frozen=is_frozen,

@@ -106,6 +106,10 @@ class Options:
     compile_budget: float | None = 120.0
     # torch.compile's `mode` (MODES above), also given as options={"mode": ...}.
     mode: str = "default"
+    # A rule name to watch (`rewritec explain`): each graph records the closest the
+    # rule came to firing, or for a fuse rule why its groups did not form
+    # (report.EXPLANATIONS). A graph-cache load would watch nothing, so it is skipped.
+    explain: str | None = None
 
     @property
     def autotune(self) -> bool:
@@ -203,6 +207,9 @@ def _check_values(given: dict[str, Any]) -> None:
         raise RewritecError(f"out_dir must be a folder path or None, not {out_dir!r}")
     if out_dir is not None:
         given["out_dir"] = os.fspath(out_dir)
+    explain = given.get("explain")
+    if explain is not None and not isinstance(explain, str):
+        raise RewritecError(f"explain must be a rule name or None, not {explain!r}")
     budget = given.get("compile_budget")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
                                or budget < 0):

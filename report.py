@@ -16,9 +16,12 @@ import secrets
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .coverage import Coverage, measure, top_outside
+
+if TYPE_CHECKING:  # engine/rewrite.py loads the rule engine, which a graph-cache load skips
+    from .engine.rewrite import Explanation
 
 
 @dataclass
@@ -73,8 +76,13 @@ def graph_name(kind: str) -> str:
 RULE_STATS: dict[str, Any] = {}
 
 
+# What the `explain` option watched, per graph compiled: (graph name, Explanation).
+EXPLANATIONS: list[tuple[str, Explanation]] = []
+
+
 def reset() -> None:
     RECORDS.clear()
+    EXPLANATIONS.clear()
     RULE_STATS.clear()
     OUT_DIR_RECORDS.clear()
 

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 from .guards import GuardContext, GuardEval, Undecided
 from .ops import OpTable
 from .pattern import Matcher
+from .rewrite import Explanation
 from .rules import Rule
 from .term import Graph, Meta, Term, TermStore, postorder
 
@@ -232,10 +233,13 @@ class Order:
 
 def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
          can_compile: Callable[[Term], bool], spaces: Mapping[str, Callable[[Term], Space]],
-         log: Callable[[str], None] | None = None) -> tuple[Graph, Counter[str]]:
+         log: Callable[[str], None] | None = None, explain: Explanation | None = None
+         ) -> tuple[Graph, Counter[str]]:
     """Group terms into `kernel` terms; returns the new graph and groups per rule.
     `spaces` gives each kernel kind's iteration space (kinds/registry.py: SPACES);
-    a rule naming a kind it lacks is an error, never a silent default."""
+    a rule naming a kind it lacks is an error, never a silent default. `explain`,
+    if it names one of `rules`, records why each of its groups did not form and
+    which producers its groups refused."""
     missing = sorted({r.kernel for r in rules if r.kernel not in spaces}, key=str)
     if missing:
         raise ValueError(f"no iteration space for kernel kind(s) {missing} "
@@ -258,15 +262,23 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
     places = Order(order, consumers, owner)
     groups: list[Group] = []
     fired: Counter[str] = Counter()
+    watched = next((r for r in rules if explain is not None and r.name == explain.rule), None)
+    watch = _Watch(explain, watched, table) if explain is not None and watched else None
     for t in reversed(order):
         if t in owner or table.get(t.op) is None or not can_compile(t):
+            if watch is not None and t in owner and owner[t].rule.name != watch.rule:
+                watch.root_taken(t, owner[t].rule)
             continue
         for rule in ranked:
-            group = _try_rule(rule, t, table, places, outputs, can_compile, guards, spaces)
+            seen = watch if watch is not None and rule.name == watch.rule else None
+            group = _try_rule(rule, t, table, places, outputs, can_compile, guards, spaces,
+                              seen)
             if group is not None:
                 groups.append(group)
                 places.commit(group)
                 fired[rule.name] += 1
+                if watch is not None and rule.name != watch.rule:
+                    watch.root_taken(t, rule)
                 if log:
                     side = len(group.outputs) - 1
                     log(f"{rule.name} @ {rule.location}: {len(group.members)} op(s) "
@@ -280,16 +292,25 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
 
 def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: set[Term],
               can_compile: Callable[[Term], bool], guards: GuardEval,
-              spaces: Mapping[str, Callable[[Term], Space]]) -> Group | None:
+              spaces: Mapping[str, Callable[[Term], Space]],
+              watch: _Watch | None = None) -> Group | None:
     if next(Matcher(table).match(rule.pattern, root, {}), None) is None:
         return None
     assert rule.kernel is not None
     space = spaces[rule.kernel](root)
+    if watch is not None:
+        watch.explanation.roots_seen += 1
     if not space.fits(root):
+        if watch is not None:
+            watch.refuse(root, root, f"its root is not in the {rule.kernel} space "
+                                     f"({root.meta.short()})")
         return None
-    members = _grow(rule, root, space, table, places, outputs, can_compile)
+    members = _grow(rule, root, space, table, places, outputs, can_compile, watch)
     accepts = getattr(space, "accepts", None)  # a check on the whole group, if any
     if accepts is not None and not accepts(members):
+        if watch is not None:
+            watch.refuse(root, root, f"the {rule.kernel} space refuses the group of "
+                                     f"{len(members)} op(s) as a whole")
         return None
     side = sorted((m for m in members if m is not root and _used_outside(m, members, places,
                                                                          outputs)),
@@ -299,11 +320,37 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
            "matmuls": sum(m.op in MATMULS for m in members),
            "outputs": 1 + len(side)}
     try:
-        if not all(guards.check(g, env) for g, _ in rule.guards):
-            return None
+        failed = next((src for g, src in rule.guards if not guards.check(g, env)), None)
     except Undecided:
+        failed = "(undecided)"
+    if failed is not None:
+        if watch is not None:
+            watch.refuse(root, root, f"guard `{failed}` is false for the group of "
+                                     f"{len(members)} op(s)")
         return None
     return Group(rule, root, members, [root, *side])
+
+
+class _Watch:
+    """What `explain` records for its fuse rule (engine/rewrite.py: Explanation)."""
+
+    LIMIT = 1000  # refusals kept per graph
+
+    def __init__(self, explanation: Explanation, rule: Rule, table: OpTable) -> None:
+        self.explanation = explanation
+        self.rule = rule.name
+        self.watched = rule
+        self.table = table
+
+    def refuse(self, root: Term, t: Term, why: str) -> None:
+        if len(self.explanation.refused) < self.LIMIT:
+            self.explanation.refused.append((root, t, why))
+
+    def root_taken(self, t: Term, other: Rule) -> None:
+        """`t` went to a group of another rule first (a higher priority, or a group
+        grown from a user): say so where the watched rule's pattern matches it."""
+        if next(Matcher(self.table).match(self.watched.pattern, t, {}), None) is not None:
+            self.refuse(t, t, f"it is in a kernel of rule {other.name} @ {other.location}")
 
 
 def _used_outside(t: Term, members: set[Term], places: Order, outputs: set[Term]) -> bool:
@@ -311,7 +358,8 @@ def _used_outside(t: Term, members: set[Term], places: Order, outputs: set[Term]
 
 
 def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
-          outputs: set[Term], can_compile: Callable[[Term], bool]) -> set[Term]:
+          outputs: set[Term], can_compile: Callable[[Term], bool],
+          watch: _Watch | None = None) -> set[Term]:
     """The root and the producers (and users) it takes in (see the module
     docstring), members visited latest first, so that the group is the same on
     every run."""
@@ -326,6 +374,9 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
         info = table.get(t.op)
         if t in members or t in places.owner or info is None \
                 or info.category not in rule.grow or not can_compile(t):
+            if watch is not None and not user and t not in members \
+                    and t.op not in ("input", "const"):
+                watch.refuse(root, t, _why_not(t, info, rule, places, can_compile))
             return False
         if user:
             # users computed from members alone (a cast of layer_norm's mean): one
@@ -338,8 +389,16 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
                 and places.may_join(t, members, max(top, places.rank(t)), False)
         shared = _used_outside(t, members, places, outputs)
         if shared and not (writes and space.can_output(t)):
+            if watch is not None:
+                watch.refuse(root, t, "a user outside the group reads it too, and the "
+                             f"{rule.kernel} space " + ("cannot write it as a side output"
+                                                        if writes else "takes no side outputs"))
             return False
-        return not (shared or exits) or places.may_join(t, members, top, exits)
+        if not (shared or exits) or places.may_join(t, members, top, exits):
+            return True
+        if watch is not None:
+            watch.refuse(root, t, "joining would make a cycle through a user outside the group")
+        return False
 
     changed = True
     while changed:
@@ -353,8 +412,13 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
             if writes and m is not root:
                 near += [(c, True) for c in places.consumers.get(m, ())]
             for t, user in near:
-                if not joins(t, user) or not space.fits(t):  # fits last: a space fixes
-                    continue                                  # its layout on the first fit
+                if not joins(t, user):
+                    continue
+                if not space.fits(t):  # last: a space fixes its layout on the first fit
+                    if watch is not None and not user:
+                        watch.refuse(root, t, f"not in the {rule.kernel} space "
+                                              f"({t.meta.short()})")
+                    continue
                 members.add(t)
                 top = max(top, places.rank(t))
                 changed = True
@@ -362,6 +426,19 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
                                                   for c in places.consumers.get(u, ()))
                             for u in members)
     return members
+
+
+def _why_not(t: Term, info: Any, rule: Rule, places: Order,
+             can_compile: Callable[[Term], bool]) -> str:
+    """Why producer `t` may not join a group of `rule` (for `explain`)."""
+    if t in places.owner:
+        return f"it is in a kernel of rule {places.owner[t].rule.name}"
+    if info is None:
+        name = t.attr("target") if t.op in ("aten", "call") else t.op
+        return f"`{name}` is no op of the op table: it runs as its own ATen call"
+    if info.category not in rule.grow:
+        return f"its category `{info.category}` is not in the rule's grow list"
+    return "the target cannot compile it"
 
 
 def _rebuild(graph: Graph, store: TermStore, places: Order) -> Graph:

@@ -1,7 +1,13 @@
-"""The pipeline of rewriting phases: one explicit, ordered list.
+"""The pipeline of passes over one graph: one explicit, ordered list, `PASSES`.
 
-Each phase runs its kinds of rules to a fixed point before the next starts.
-The order is the whole contract; no rule registers itself anywhere else.
+Each pass has a name and a line saying why it is where it is; the order is the
+whole contract, and no rule registers itself anywhere else. A pass reads what it
+needs from the `Context` of the compilation (the rules, the target's answers, the
+diagnostics asked for), so that none is special-cased by name: a rewrite pass runs
+its kinds of rules to a fixed point, the layout pass runs what the target supplies,
+and the fuse pass groups terms into kernels. After these, runtime/prepare.py picks
+each kernel's variant for the target (kinds/*.py: `variant`: looped rows, tiled
+pointwise) and lowers the graph (compiler.py).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from . import diag
 from .errors import RewriteStop
@@ -20,31 +27,138 @@ from .rules import Rule
 from .term import Graph, Term, TermStore
 
 
+@dataclass
+class Context:
+    """One graph's compilation, as its passes see it. `can_compile` and `spaces`
+    (each kernel kind's iteration space: kinds/registry.py) are the kernel target
+    (None: the fuse pass leaves everything to ATen); `relayout(graph) -> (graph,
+    summary)` is the layout pass (None: layouts stay); `explain` (the `explain`
+    option, `rewritec explain`) watches one rule, rewrite or fuse."""
+
+    store: TermStore
+    rules: list[Rule]
+    table: OpTable
+    folder: Folder | None = None
+    is_frozen: Callable[[Term], bool] | None = None
+    can_compile: Callable[[Term], bool] | None = None
+    spaces: Mapping[str, Callable[[Term], Space]] = field(default_factory=dict)
+    relayout: Callable[[Graph], tuple[Graph, str]] | None = None
+    debug: int = 0
+    log: Callable[[str], None] = diag.log.info
+    explain: Explanation | None = None
+    seconds: float = REWRITE_SECONDS
+    # what the passes did
+    fired: Counter[str] = field(default_factory=Counter)
+    stats: dict[str, RuleStats] = field(default_factory=dict)
+    phase_log: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        self.phase_log.append(line)
+        if self.debug >= 1:
+            self.log(line)
+
+
+class Pass(Protocol):
+    """One step of the pipeline: its name, why it is where it is, and what it does."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def why(self) -> str: ...
+
+    def run(self, graph: Graph, ctx: Context) -> Graph: ...
+
+
+def _ms(start: float) -> str:
+    return f"{1000 * (time.perf_counter() - start):.1f} ms"
+
+
 @dataclass(frozen=True)
-class Phase:
+class RewritePass:
+    """Rules of `kinds` rewritten to a fixed point (engine/rewrite.py)."""
+
     name: str
     kinds: tuple[str, ...]
     why: str
     fold_constants: bool = False
 
+    def run(self, graph: Graph, ctx: Context) -> Graph:
+        rules = [r for r in ctx.rules if r.kind in self.kinds]
+        folder = ctx.folder if self.fold_constants else None
+        if not rules and folder is None:
+            return graph
+        start, n_before = time.perf_counter(), len(graph.terms())
+        rw = Rewriter(ctx.store, ctx.table, rules, stats=ctx.stats, explain=ctx.explain,
+                      folder=folder, is_frozen=ctx.is_frozen,
+                      log=ctx.log if ctx.debug >= 2 else None, seconds=ctx.seconds)
+        try:
+            res = rw.run(graph)
+        except RewriteStop as e:
+            raise RewriteStop(f"phase {self.name}: {e}") from None
+        ctx.fired.update(res.fired)
+        ctx.reasons.append(f"{self.name}: {res.stop_reason}")
+        ctx.say(f"phase {self.name}: {sum(res.fired.values())} rewrites in {res.passes} "
+                f"pass(es), {n_before} -> {len(res.graph.terms())} terms, {res.stop_reason}, "
+                f"{_ms(start)}")
+        return res.graph
 
-PHASES: tuple[Phase, ...] = (
-    Phase("recognize", ("recognize",),
-          "replace whole idioms (attention written out as matmul, softmax, matmul) by the "
-          "one op a kernel template computes; first, before decomposition scatters them"),
-    Phase("decompose", ("decompose",),
-          "turn composite ops (gelu, softmax, layer_norm) into core ops that the "
-          "simplifier and the fusers understand"),
-    Phase("simplify", ("simplify", "fold"),
-          "cancel and fold: identities, view chains, conv+bn in eval, and constant "
-          "subexpressions over frozen parameters", fold_constants=True),
-    Phase("layout", (),
-          "choose memory layouts (channels_last convolutions); after folding, so the conv "
-          "weights it converts are final constants, and before fusion, so kernels see the "
-          "layouts they read and write. The target supplies it (passes/layout.py)"),
-    Phase("fuse", ("fuse",),
-          "group pointwise chains, reductions and epilogues into kernels; runs last so it "
-          "sees the simplified graph"),
+
+@dataclass(frozen=True)
+class LayoutPass:
+    """The target's choice of memory layouts (passes/layout.py supplies it)."""
+
+    name: str
+    why: str
+
+    def run(self, graph: Graph, ctx: Context) -> Graph:
+        if ctx.relayout is None:
+            return graph
+        start = time.perf_counter()
+        graph, summary = ctx.relayout(graph)
+        ctx.say(f"phase {self.name}: {summary}, {_ms(start)}")
+        return graph
+
+
+@dataclass(frozen=True)
+class FusePass:
+    """Terms grouped into `kernel` terms by the fuse rules (engine/fuse.py)."""
+
+    name: str
+    why: str
+
+    def run(self, graph: Graph, ctx: Context) -> Graph:
+        rules = [r for r in ctx.rules if r.kind == "fuse"]
+        if not rules or ctx.can_compile is None:
+            return graph
+        start, n_before = time.perf_counter(), len(graph.terms())
+        graph, groups = fuse(graph, ctx.store, ctx.table, rules, can_compile=ctx.can_compile,
+                             spaces=ctx.spaces, log=ctx.log if ctx.debug >= 2 else None,
+                             explain=ctx.explain)
+        ctx.fired.update(groups)
+        ctx.say(f"phase {self.name}: {sum(groups.values())} kernel(s), {n_before} -> "
+                f"{len(graph.terms())} terms, {_ms(start)}")
+        return graph
+
+
+PASSES: tuple[Pass, ...] = (
+    RewritePass("recognize", ("recognize",),
+                "replace whole idioms (attention written out as matmul, softmax, matmul) by "
+                "the one op a kernel kind computes; first, before decomposition scatters them"),
+    RewritePass("decompose", ("decompose",),
+                "turn composite ops (gelu, softmax, layer_norm) into core ops that the "
+                "simplifier and the fusers understand"),
+    RewritePass("simplify", ("simplify", "fold"),
+                "cancel and fold: identities, view chains, conv+bn in eval, and constant "
+                "subexpressions over frozen parameters", fold_constants=True),
+    LayoutPass("layout",
+               "choose memory layouts (channels_last convolutions); after folding, so the "
+               "conv weights it converts are final constants, and before fusion, so kernels "
+               "see the layouts they read and write"),
+    FusePass("fuse",
+             "group pointwise chains, reductions and epilogues into kernels of the kinds the "
+             "fuse rules name; last, so it sees the simplified graph"),
 )
 
 
@@ -65,64 +179,17 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  relayout: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
-                 phases: tuple[Phase, ...] = PHASES,
+                 passes: tuple[Pass, ...] = PASSES,
                  seconds: float = REWRITE_SECONDS) -> PipelineResult:
-    """Run every phase in order. Raises RewriteStop on a cycle or an exhausted budget
-    (steps, or `seconds` for each phase).
-
-    `relayout(graph) -> (graph, summary)` is the layout phase (None: layouts stay).
-    `can_compile` and `spaces` (each kernel kind's iteration space: kinds/registry.py)
-    are the kernel target the fuse phase groups for (None: everything stays on ATen)."""
-    table = table or default_op_table()
-    log = log or diag.log.info
-    fired: Counter[str] = Counter()
-    stats: dict[str, RuleStats] = {}
-    phase_log: list[str] = []
-    reasons = []
-    for phase in phases:
-        if phase.name == "layout":
-            if relayout is not None:
-                start = time.perf_counter()
-                graph, summary = relayout(graph)
-                line = (f"phase layout: {summary}, "
-                        f"{1000 * (time.perf_counter() - start):.1f} ms")
-                phase_log.append(line)
-                if debug >= 1:
-                    log(line)
-            continue
-        phase_rules = [r for r in rules if r.kind in phase.kinds]
-        if not phase_rules and not (phase.fold_constants and folder):
-            continue
-        start = time.perf_counter()
-        n_before = len(graph.terms())
-        if phase.name == "fuse":
-            # Fusion groups terms instead of rewriting them one at a time (engine/fuse.py);
-            # without a kernel target (can_compile) everything stays on ATen.
-            if can_compile is None:
-                continue
-            graph, groups = fuse(graph, store, table, phase_rules, can_compile=can_compile,
-                                 spaces=spaces or {}, log=log if debug >= 2 else None)
-            fired.update(groups)
-            line = (f"phase fuse: {sum(groups.values())} kernel(s), {n_before} -> "
-                    f"{len(graph.terms())} terms, {1000 * (time.perf_counter() - start):.1f} ms")
-            phase_log.append(line)
-            if debug >= 1:
-                log(line)
-            continue
-        rw = Rewriter(store, table, phase_rules, stats=stats, explain=explain,
-                      folder=folder if phase.fold_constants else None, is_frozen=is_frozen,
-                      log=log if debug >= 2 else None, seconds=seconds)
-        try:
-            res = rw.run(graph)
-        except RewriteStop as e:
-            raise RewriteStop(f"phase {phase.name}: {e}") from None
-        graph = res.graph
-        fired.update(res.fired)
-        line = (f"phase {phase.name}: {sum(res.fired.values())} rewrites in {res.passes} "
-                f"pass(es), {n_before} -> {len(graph.terms())} terms, {res.stop_reason}, "
-                f"{1000 * (time.perf_counter() - start):.1f} ms")
-        phase_log.append(line)
-        reasons.append(f"{phase.name}: {res.stop_reason}")
-        if debug >= 1:
-            log(line)
-    return PipelineResult(graph, fired, "; ".join(reasons) or "no rules", stats, phase_log)
+    """Run every pass in order (see `Context` for the arguments). Raises RewriteStop
+    on a cycle or an exhausted budget (steps, or `seconds` for each rewrite pass)."""
+    ctx = Context(store, rules, table or default_op_table(), folder=folder,
+                  is_frozen=is_frozen, can_compile=can_compile, spaces=spaces or {},
+                  relayout=relayout, debug=debug, log=log or diag.log.info,
+                  explain=explain, seconds=seconds)
+    if explain is not None:
+        explain.ops.update(t.op for t in graph.terms())
+    for p in passes:
+        graph = p.run(graph, ctx)
+    return PipelineResult(graph, ctx.fired, "; ".join(ctx.reasons) or "no rules", ctx.stats,
+                          ctx.phase_log)

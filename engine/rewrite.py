@@ -46,12 +46,17 @@ class RuleStats:
 
 @dataclass
 class Explanation:
-    """The closest a rule came to firing, for `rewritec explain`."""
+    """The closest a rule came to firing, for `rewritec explain` (the `explain`
+    option): a rewrite rule's deepest partial match (`best`); for a fuse rule, each
+    group that did not form or a producer a group refused, and why (`refused`)."""
 
     rule: str
     fired: int = 0
     best: Failure | None = None
     roots_seen: int = 0
+    ops: set[str] = field(default_factory=set)  # every op of the graphs watched
+    # fuse rules: (the group's root, the term refused: the root or a producer, why)
+    refused: list[tuple[Term, Term, str]] = field(default_factory=list)
 
     def consider(self, failure: Failure) -> None:
         if self.best is None or failure.depth >= self.best.depth:
