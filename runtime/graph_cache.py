@@ -7,7 +7,7 @@ rules and code generation again. An entry holds:
 
 - the wrapper's Python source (runtime/wrapper.py) and what its names stand for:
   ATen ops, literals, kernels and constants;
-- each kernel as its source and launcher (runtime/launch.py: KernelRecipe); the
+- each kernel as its source and launcher (runtime/recipe.py: KernelRecipe); the
   compiled kernel itself comes from the kernel cache (runtime/build.py), Triton's;
 - each constant as the steps that made it from the parameters (aten/fold.py:
   FoldStep), replayed on the loading process's parameters. Weights are never

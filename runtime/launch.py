@@ -4,7 +4,7 @@ Each launcher allocates the outputs, computes sizes, strides and the grid at run
 time from its `KernelSpec` (kinds/spec.py), and launches; a launch that fails
 runs the group's ATen body instead. A kernel of one output returns that tensor;
 one with side outputs (engine/fuse.py) the tuple of its outputs, the root's first,
-and so does its ATen body. `KernelRecipe` makes a launcher again from
+and so does its ATen body. `KernelRecipe` (runtime/recipe.py) makes a launcher again from
 the kernel's source, which is how the graph cache (runtime/graph_cache.py)
 loads a compiled graph. This module imports neither the rule engine nor the
 renderers, so such a load stays cheap; building launchers for a new graph is
@@ -14,11 +14,9 @@ runtime/prepare.py's work.
 from __future__ import annotations
 
 import ctypes
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,12 +24,9 @@ import torch
 from ..aten.dtypes import TORCH_DTYPES
 from ..engine.diag import user_stacklevel
 from ..kinds.spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
-from . import static_launch
 from .attention_launch import attention_launch
-from .autotune import tuned
-from .build import build_cpp, load_triton, triton_module
 from .matmul_launch import matmul_launch_args
-from .triton_direct import POISON, DirectKernel
+from .triton_direct import POISON
 
 
 class KernelFallback(UserWarning):
@@ -49,7 +44,7 @@ class Launcher:
     fallback: Callable[..., Result]
     failed: bool = False
     strict: bool = False
-    recipe: KernelRecipe | None = None
+    recipe: Any = None  # the KernelRecipe it was made from (runtime/recipe.py)
 
     def __init__(self, spec: KernelSpec, kernel: Any,
                  fallback: Callable[..., Result]) -> None:
@@ -371,79 +366,6 @@ class AttentionLauncher(Launcher):
     def launch(self, *inputs: torch.Tensor) -> Result:
         out = attention_launch(self.spec, self.kernel, inputs)
         return self.fallback(*inputs) if out is None else out
-
-
-@dataclass(frozen=True)
-class KernelRecipe:
-    """How a launcher was made: enough to make it again in another process (the
-    graph cache, runtime/graph_cache.py), from the kernel's source alone."""
-
-    target: str  # triton | openmp
-    source: str
-    launcher: str  # the Launcher class's name
-    # fast_math: let the compiler fuse `a*b + c` into one FMA (C++ -ffp-contract=fast,
-    # Triton's enable_fp_fusion); off, each operation rounds as ATen's does.
-    contract: bool = False
-
-    def build(self, spec: KernelSpec, fallback: Callable[..., Result],
-              lazy: bool = False) -> tuple[Launcher, Path]:
-        """The launcher. `lazy` (a recipe that built before, in the graph cache)
-        imports the Triton module only when a launch needs Triton's JIT."""
-        cls: Any = _launcher_type(self.launcher)
-        if self.target == "triton":
-            path = triton_module(self.source)
-            fn = _direct(self.source, path, spec.name, lazy, self.contract)
-            if spec.autotune:  # mode max-autotune: the main kernel's config is timed
-                fn = tuned(fn, spec, self.source)
-            if self.launcher == "ReductionTritonLauncher":
-                combine = _direct(self.source, path, f"{spec.name}_combine", lazy,
-                                  self.contract)
-                launcher = cls(spec, fn, combine, fallback)
-            else:
-                launcher = cls(spec, fn, fallback)
-            if fn.binaries is not None and _EMPTY_STRIDED_CUDA is not None:
-                launcher.plans = {}  # compiled kernels on a GPU: see Launcher._learn
-        else:
-            fn, path = build_cpp(self.source, spec.name, self.contract)
-            launcher = cls(spec, fn, fallback)
-        launcher.recipe = self
-        return launcher, path
-
-
-def _direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
-            ) -> DirectKernel:
-    """Kernel `symbol` of `source` (written to `path`), launched through its compiled
-    binary after its first call, and through a binary stored by an earlier process
-    or compiled by the compile worker where one is (static_launch.py, ahead.py).
-    While the worker runs, the kernel is imported (and Triton with it) only if a
-    launch needs the JIT after all."""
-    binaries = None
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and static_launch.available():
-        binaries = static_launch.Binaries(source, symbol)
-        if not lazy:
-            from . import ahead
-
-            lazy = ahead.running()
-    # Triton fuses multiply-adds unless told not to (Inductor too, unless it emulates
-    # eager's precision): every launch passes the choice, so it is in every call key
-    options = {"enable_fp_fusion": contract}
-    if lazy:
-        return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries,
-                            path=path, symbol=symbol, options=options)
-    return DirectKernel(load_triton(path, symbol), binaries=binaries, path=path, symbol=symbol,
-                        options=options)
-
-
-def _launcher_type(name: str) -> type[Launcher]:
-    """The launcher class a kind names (kinds/*.py: `launchers`)."""
-    if name.startswith("Reduction"):
-        # imported here: runtime/reduction_launch.py builds on this module's Launcher
-        from . import reduction_launch
-
-        return getattr(reduction_launch, name)  # type: ignore[no-any-return]
-    types = (CppLauncher, TritonLauncher, TiledTritonLauncher, RowTritonLauncher,
-             LoopedRowTritonLauncher, MatmulLauncher, AttentionLauncher)
-    return next(c for c in types if c.__name__ == name)
 
 
 def row_warps(block: int) -> int:

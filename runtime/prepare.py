@@ -25,7 +25,8 @@ from ..kinds import registry
 from ..kinds.kernels import RenderError
 from ..kinds.spec import KernelSpec
 from .build import BudgetSpent, BuildError, budget, vector_math_decls
-from .launch import KernelFallback, KernelRecipe, Result
+from .launch import KernelFallback, Result
+from .recipe import KernelRecipe
 
 
 @dataclass

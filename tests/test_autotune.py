@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import rewritec
-from rewritec.runtime import autotune, launch
+from rewritec.runtime import autotune, recipe
 from rewritec.runtime.graph_cache import _options_text
 from rewritec.options import Options
 
@@ -108,7 +108,7 @@ def tuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
         kernels.append(wrapped)
         return wrapped
 
-    monkeypatch.setattr(launch, "tuned", record)
+    monkeypatch.setattr(recipe, "tuned", record)
     return kernels
 
 

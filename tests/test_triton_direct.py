@@ -242,7 +242,7 @@ def test_compiled_graphs_launch_every_kernel_directly_from_the_second_call(monke
     results stay equal to eager. Runs the kernels through the interpreter on a CPU
     (the compiled-mode JIT on a GPU)."""
     import rewritec
-    from rewritec.runtime import launch
+    from rewritec.runtime import recipe
 
     made: list[DirectKernel] = []
     cuda = torch.cuda.is_available()
@@ -252,7 +252,7 @@ def test_compiled_graphs_launch_every_kernel_directly_from_the_second_call(monke
         made.append(k)
         return k
 
-    monkeypatch.setattr(launch, "DirectKernel", make)
+    monkeypatch.setattr(recipe, "DirectKernel", make)
 
     def f(x, y, w, v):
         z = torch.softmax(x * 2, dim=-1) + y
