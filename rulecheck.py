@@ -18,8 +18,8 @@ examples; tests/test_rule_examples.py makes one pytest test per example.
 from __future__ import annotations
 
 import contextlib
-import os
 import logging
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,16 +31,17 @@ from .aten.bridge import Bridge, meta_of
 from .aten.dtypes import TORCH_DTYPES
 from .aten.fold import is_frozen, make_folder, tensor_term
 from .engine import syntax as S
-from .engine.errors import RewriteStop, RuleError
+from .engine.errors import RewriteStop, RuleError, RuleErrors
 from .engine.ops import default_op_table
 from .engine.pattern import Builder
 from .engine.pipeline import run_pipeline
 from .engine.prove import prove
 from .engine.rules import ATTR_FUNCS, Rule
 from .engine.term import Graph, Term, TermStore
-from .kinds.kernels import compilable
 from .kinds import registry
+from .kinds.kernels import compilable
 from .kinds.registry import SPACES
+from .runtime.prepare import prepare_kernels
 from .runtime.wrapper import lower
 
 # A rule's examples are a few terms: a rewrite of one that takes longer than this
@@ -183,8 +184,6 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     want = lower(graph, bridge, f"{rule.name}_before").fn(list(values))[0]
     after, launchers = result.graph, {}
     if rule.kind == "fuse":
-        from .runtime.prepare import prepare_kernels
-
         prepared = prepare_kernels(after, store, target, strict=True, out_dir=None,
                                    name=rule.name)
         after, launchers = prepared.graph, prepared.launchers
@@ -466,8 +465,6 @@ def verify_user_rules(rules: list[Rule], library: list[Rule] | None = None) -> N
     before it is used to compile anything: a rule that fails it is rejected, with its
     file:line, whatever the size of its examples."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from .engine.errors import RuleErrors
 
     errors: list[RuleError] = []
     for rule in rules:

@@ -22,6 +22,7 @@ import torch.fx
 
 from ..engine.term import Graph, Term, TermStore, freeze
 from .bridge import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
+from .fold import tensor_term
 from .regions import Region
 
 
@@ -53,8 +54,6 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
                 frozen: dict[int, torch.Tensor] | None = None) -> Converted:
     """Convert `gm`. Inputs listed in `frozen` are used as the given constant
     tensors (they stay in the graph's input list, unused)."""
-    from .fold import tensor_term
-
     store = TermStore(bridge.meta_hook)
     env: dict[torch.fx.Node, Term] = {}
     inputs: list[Term] = []

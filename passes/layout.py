@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from ..aten.bridge import Bridge, Opaque
+from ..aten.bridge import Bridge, Opaque, Slot
+from ..aten.fold import FoldStep, tensor_term
 from ..engine.ops import default_op_table
 from ..engine.term import Graph, Term, TermStore, rebuild, render
 from ..kinds.kernels import dense_order
@@ -190,9 +191,6 @@ def to_channels_last(graph: Graph, store: TermStore, bridge: Bridge, convs: set[
         if t.op == "tensor":
             # A constant (frozen weight): converted here, once.
             from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-            from ..aten.bridge import Slot
-            from ..aten.fold import FoldStep, tensor_term
 
             value = t.attr("value")
             with torch.no_grad(), unset_fake_temporarily():

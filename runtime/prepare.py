@@ -19,11 +19,13 @@ import torch
 
 from ..aten.bridge import Bridge
 from ..engine.diag import user_stacklevel
+from ..engine.errors import CompileError
 from ..engine.fuse import body_terms, kernel_outputs
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..kinds import registry
 from ..kinds.kernels import RenderError
 from ..kinds.spec import KernelSpec
+from . import ahead
 from .build import BudgetSpent, BuildError, budget, vector_math_decls
 from .launch import KernelFallback, Result
 from .recipe import KernelRecipe
@@ -101,8 +103,6 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
         except BudgetSpent as e:
             if strict:
-                from ..engine.errors import CompileError
-
                 raise CompileError(f"rewritec: graph {name}: {e}") from None
             spent.append(str(t.attr("rule")))
             failed[t] = inline_body(t, store)
@@ -111,8 +111,6 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
                        f"(template {target}/{t.attr('kind')}) falls back to ATen: {e}")
             if strict:
-                from ..engine.errors import CompileError
-
                 raise CompileError(message) from None
             say(message)
             failed[t] = inline_body(t, store)
@@ -140,8 +138,6 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
         prepared.graph = _substitute(graph, store, failed)
         prepared.failed = len(failed)
     if target == "triton" and prepared.launchers:
-        from . import ahead
-
         # where workers run, they compile the kernels while the graph is finished
         ahead.submit_graph(prepared.graph, prepared.launchers)
     return prepared
