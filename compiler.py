@@ -36,6 +36,7 @@ from .aten.regions import (Region, compile_regions, has_regions, region_bodies,
                            region_calls)
 from .kinds.kernels import compilable
 from .kinds.registry import SPACES
+from .kinds.variants import variants_for
 from .options import Options
 from .runtime.wrapper import callable_label, lower
 
@@ -356,6 +357,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                               folder=make_folder(conv.store, bridge, parts["steps"]),
                               is_frozen=is_frozen,
                               can_compile=compilable(target), spaces=SPACES,
+                              variants=variants_for(target, conv.store),
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
                                                     bridge, rec.layout, parts["steps"]))
         graph = result.graph

@@ -41,6 +41,7 @@ from .engine.term import Graph, Term, TermStore
 from .kinds import registry
 from .kinds.kernels import compilable
 from .kinds.registry import SPACES
+from .kinds.variants import variants_for
 from .runtime.prepare import prepare_kernels
 from .runtime.wrapper import lower
 
@@ -170,7 +171,7 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
         result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
                               is_frozen=is_frozen,
                               can_compile=compilable(target) if rule.kind == "fuse" else None,
-                              spaces=SPACES,
+                              spaces=SPACES, variants=variants_for(target, store),
                               seconds=EXAMPLE_SECONDS)
     except RewriteStop as e:
         return ExampleResult(rule.name, index, 0, float("inf"), False, str(e))

@@ -4,10 +4,9 @@ Each pass has a name and a line saying why it is where it is; the order is the
 whole contract, and no rule registers itself anywhere else. A pass reads what it
 needs from the `Context` of the compilation (the rules, the target's answers, the
 diagnostics asked for), so that none is special-cased by name: a rewrite pass runs
-its kinds of rules to a fixed point, the layout pass runs what the target supplies,
-and the fuse pass groups terms into kernels. After these, runtime/prepare.py picks
-each kernel's variant for the target (kinds/*.py: `variant`: looped rows, tiled
-pointwise) and lowers the graph (compiler.py).
+its kinds of rules to a fixed point, a target pass runs what the target supplies
+(the layout, the kernel variants), and the fuse pass groups terms into kernels.
+After these, runtime/prepare.py builds the kernels and compiler.py lowers the graph.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ class Context:
     """One graph's compilation, as its passes see it. `can_compile` and `spaces`
     (each kernel kind's iteration space: kinds/registry.py) are the kernel target
     (None: the fuse pass leaves everything to ATen); `relayout(graph) -> (graph,
-    summary)` is the layout pass (None: layouts stay); `explain` (the `explain`
+    summary)` is the layout pass (None: layouts stay), `variants` likewise the
+    kernel-variants pass (kinds/variants.py; None: kernels run as grouped); `explain` (the `explain`
     option, `rewritec explain`) watches one rule, rewrite or fuse."""
 
     store: TermStore
@@ -43,6 +43,7 @@ class Context:
     can_compile: Callable[[Term], bool] | None = None
     spaces: Mapping[str, Callable[[Term], Space]] = field(default_factory=dict)
     relayout: Callable[[Graph], tuple[Graph, str]] | None = None
+    variants: Callable[[Graph], tuple[Graph, str]] | None = None
     debug: int = 0
     log: Callable[[str], None] = diag.log.info
     explain: Explanation | None = None
@@ -106,17 +107,21 @@ class RewritePass:
 
 
 @dataclass(frozen=True)
-class LayoutPass:
-    """The target's choice of memory layouts (passes/layout.py supplies it)."""
+class TargetPass:
+    """A step the target supplies (`ctx.<step>`: graph -> (graph, summary)), such as
+    the layout pass (passes/layout.py) and the kernel-variants pass
+    (kinds/variants.py); a compilation without it leaves the graph as it is."""
 
     name: str
+    step: Callable[[Context], Callable[[Graph], tuple[Graph, str]] | None]
     why: str
 
     def run(self, graph: Graph, ctx: Context) -> Graph:
-        if ctx.relayout is None:
+        step = self.step(ctx)
+        if step is None:
             return graph
         start = time.perf_counter()
-        graph, summary = ctx.relayout(graph)
+        graph, summary = step(graph)
         ctx.say(f"phase {self.name}: {summary}, {_ms(start)}")
         return graph
 
@@ -152,13 +157,17 @@ PASSES: tuple[Pass, ...] = (
     RewritePass("simplify", ("simplify", "fold"),
                 "cancel and fold: identities, view chains, conv+bn in eval, and constant "
                 "subexpressions over frozen parameters", fold_constants=True),
-    LayoutPass("layout",
+    TargetPass("layout", lambda ctx: ctx.relayout,
                "choose memory layouts (channels_last convolutions); after folding, so the "
                "conv weights it converts are final constants, and before fusion, so kernels "
                "see the layouts they read and write"),
     FusePass("fuse",
              "group pointwise chains, reductions and epilogues into kernels of the kinds the "
-             "fuse rules name; last, so it sees the simplified graph"),
+             "fuse rules name; after rewriting, so it sees the simplified graph"),
+    TargetPass("variants", lambda ctx: ctx.variants,
+               "let each kernel's kind pick its variant for the target (a row too wide for "
+               "registers read in chunks, a layout change in 2-d tiles); after fusion, "
+               "since it needs the whole group, and before the graph is lowered"),
 )
 
 
@@ -176,7 +185,8 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  is_frozen: Callable[[Term], bool] | None = None,
                  can_compile: Callable[[Term], bool] | None = None,
                  spaces: Mapping[str, Callable[[Term], Space]] | None = None,
-                 relayout: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
+                 relayout: Callable[[Graph], tuple[Graph, str]] | None = None,
+                 variants: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
                  passes: tuple[Pass, ...] = PASSES,
@@ -185,7 +195,7 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
     on a cycle or an exhausted budget (steps, or `seconds` for each rewrite pass)."""
     ctx = Context(store, rules, table or default_op_table(), folder=folder,
                   is_frozen=is_frozen, can_compile=can_compile, spaces=spaces or {},
-                  relayout=relayout, debug=debug, log=log or diag.log.info,
+                  relayout=relayout, variants=variants, debug=debug, log=log or diag.log.info,
                   explain=explain, seconds=seconds)
     if explain is not None:
         explain.ops.update(t.op for t in graph.terms())

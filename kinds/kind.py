@@ -13,8 +13,9 @@ that needed it:
 - `render`: the spec -> source for a target, through templates/<target>/<name>.*.j2;
 - `launchers`: per target it renders for, the runtime/launch.py launcher class.
 
-A variant (`row_looped`, `pointwise_tiled`) is a kind no rule names: it has no
-space or spec of its own, only a render and launchers.
+A variant (`row_looped`, `pointwise_tiled`) is a kind no rule names: the
+variants pass (kinds/variants.py) picks it, and it has no space or spec of its
+own, only its `base` kind's spec, its render and launchers.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class Kind:
     launchers: Mapping[str, str]
     space: Callable[[Term], Any] | None = None  # None: a variant only
     spec: Callable[[Term, int], KernelSpec] | None = None
-    # the name of the kind that renders `spec` on `target` instead, or None
+    # the name of the kind that runs `spec` on `target` instead, or None (the
+    # variants pass, kinds/variants.py, asks it)
     variant: Callable[[KernelSpec, str], str | None] = field(default=_same)
+    base: str | None = None  # a variant: the kind whose spec it renders
 
     @property
     def targets(self) -> tuple[str, ...]:

@@ -19,4 +19,4 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
 
 
 KIND = Kind(name="pointwise_tiled", doc="a pointwise kernel in 2-d tiles (a layout change)",
-            render=_render, launchers={"triton": "TiledTritonLauncher"})
+            base="pointwise", render=_render, launchers={"triton": "TiledTritonLauncher"})

@@ -189,4 +189,4 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
 
 
 KIND = Kind(name="row_looped", doc="a row kernel reading a row too wide for registers in chunks",
-            render=_render, launchers={"triton": "LoopedRowTritonLauncher"})
+            base="row", render=_render, launchers={"triton": "LoopedRowTritonLauncher"})

@@ -152,15 +152,13 @@ def body_ops(spec: KernelSpec) -> dict[str, int]:
 
 def _render(term: Term, index: int, target: str) -> tuple[KernelSpec, str, str]:
     """A kernel term's spec, its source for `target` and its launcher's name, all
-    from its kind (kinds/registry.py), or the variant the kind picks for `target`."""
+    from the kind it names (kinds/registry.py; a variant, which the variants pass
+    chose, takes its spec from its base kind)."""
     kind = registry.kind(term.attr("kind"))
-    if target not in kind.launchers or kind.spec is None:
+    base = registry.kind(kind.base) if kind.base is not None else kind
+    if target not in kind.launchers or base.spec is None:
         raise RenderError(f"no {target} template for {kind.name}")
-    spec = kind.spec(term, index)
-    variant = kind.variant(spec, target)
-    if variant is not None:
-        kind = registry.kind(variant)
-        spec.template = kind.name
+    spec = base.spec(term, index)
     simd = vector_math_decls() if target == "openmp" else ()
     return spec, kind.render(spec, target, simd), kind.launchers[target]
 

@@ -127,7 +127,8 @@ def test_causal_mask_skips_the_mask() -> None:
         got, want = run(model, x, freeze=True)
     finally:
         registry.KINDS["attention"] = kind
-    assert seen == [True]
+    # the variants pass asks for the spec too, then runtime/prepare.py
+    assert seen and all(seen)
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
 
 

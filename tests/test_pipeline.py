@@ -9,7 +9,8 @@ from rewritec.engine.pipeline import PASSES
 
 
 def test_passes_in_order_each_saying_why() -> None:
-    assert [p.name for p in PASSES] == ["recognize", "decompose", "simplify", "layout", "fuse"]
+    assert [p.name for p in PASSES] == ["recognize", "decompose", "simplify", "layout", "fuse",
+                                        "variants"]
     assert all(len(p.why) > 20 for p in PASSES)
 
 
