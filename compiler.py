@@ -154,7 +154,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
 
 def _compile_region(opts: Options, sub: torch.fx.GraphModule, example_inputs: list[Any],
                     name: str) -> Region:
-    """A region (frontend/regions.py) compiles as a graph of its own; the graph that
+    """A region (aten/regions.py) compiles as a graph of its own; the graph that
     calls it decides on CUDA-graph replay."""
     first = len(report.RECORDS)
     fn = compile_fx(sub, example_inputs, dataclasses.replace(opts, cudagraphs="off"),
@@ -333,7 +333,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     parts["kernel_fallbacks"] = 0
     captured = gm
     if has_regions(gm):
-        # each distinct region compiled once (frontend/regions.py); gm calls them
+        # each distinct region compiled once (aten/regions.py); gm calls them
         gm = parts["regional"] = compile_regions(gm, partial(_compile_region, opts))
     bridge = Bridge(_fake_mode(example_inputs))
     conv = fx_to_terms(gm, bridge, params, frozen)

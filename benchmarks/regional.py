@@ -7,7 +7,7 @@
 whole: `torch.compile(forward or loss, backend="rewritec")`, as the models suite
 compiles it. regional: the same, with the decoder layer's `forward` marked with
 `torch.compiler.nested_compile_region` (one subclass for every layer), so rewritec
-compiles one layer and calls it for each (frontend/regions.py).
+compiles one layer and calls it for each (aten/regions.py).
 
 Each (layers, mode, how) runs in a fresh process whose rewritec, Triton and Inductor
 caches are new, empty folders (a cold compile). Modes: `infer` (eval, no_grad, weights

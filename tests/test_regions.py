@@ -1,4 +1,4 @@
-"""Regional compilation (frontend/regions.py): a block marked with
+"""Regional compilation (aten/regions.py): a block marked with
 `torch.compiler.nested_compile_region` compiles once, however many layers call it,
 forward and backward, and the model still computes what eager computes."""
 
