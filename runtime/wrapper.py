@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..aten.bridge import Bridge, Opaque, Slot
 from ..engine.term import Graph, Term
@@ -91,7 +92,10 @@ class Emitter:
         """The name of constant `t` copied to `device` once, when the wrapper is built."""
         key = (t, device)
         if key not in self._device_copies:
-            self._device_copies[key] = self.bind(t.attr("value").value.to(device), "_c")
+            # lowering runs under AOTAutograd's fake mode; this copy is a real tensor
+            with unset_fake_temporarily():
+                moved = t.attr("value").value.to(device)
+            self._device_copies[key] = self.bind(moved, "_c")
         return self._device_copies[key]
 
     def args(self, spec: Any, operands: list[Term]) -> str:
