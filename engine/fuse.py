@@ -52,6 +52,7 @@ from .pattern import Matcher
 from .rewrite import Explanation
 from .rules import Rule
 from .term import Graph, Meta, Term, TermStore, postorder
+from .trace import Trace
 
 # Ops a row kernel reduces with, and whether they need the row's length (mean).
 ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
@@ -233,13 +234,14 @@ class Order:
 
 def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
          can_compile: Callable[[Term], bool], spaces: Mapping[str, Callable[[Term], Space]],
-         log: Callable[[str], None] | None = None, explain: Explanation | None = None
-         ) -> tuple[Graph, Counter[str]]:
+         log: Callable[[str], None] | None = None, explain: Explanation | None = None,
+         trace: Trace | None = None) -> tuple[Graph, Counter[str]]:
     """Group terms into `kernel` terms; returns the new graph and groups per rule.
     `spaces` gives each kernel kind's iteration space (kinds/registry.py: SPACES);
     a rule naming a kind it lacks is an error, never a silent default. `explain`,
     if it names one of `rules`, records why each of its groups did not form and
-    which producers its groups refused."""
+    which producers its groups refused. `trace` (engine/trace.py) records each
+    kernel and why rules whose pattern matched a root refused it."""
     missing = sorted({r.kernel for r in rules if r.kernel not in spaces}, key=str)
     if missing:
         raise ValueError(f"no iteration space for kernel kind(s) {missing} "
@@ -270,7 +272,8 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
                 watch.root_taken(t, owner[t].rule)
             continue
         for rule in ranked:
-            seen = watch if watch is not None and rule.name == watch.rule else None
+            seen = watch if watch is not None and rule.name == watch.rule else \
+                _TraceWatch(trace, rule, table) if trace is not None else None
             group = _try_rule(rule, t, table, places, outputs, can_compile, guards, spaces,
                               seen)
             if group is not None:
@@ -287,7 +290,7 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
                 break
     if not groups:
         return graph, fired
-    return _rebuild(graph, store, places), fired
+    return _rebuild(graph, store, places, trace), fired
 
 
 def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: set[Term],
@@ -351,6 +354,18 @@ class _Watch:
         grown from a user): say so where the watched rule's pattern matches it."""
         if next(Matcher(self.table).match(self.watched.pattern, t, {}), None) is not None:
             self.refuse(t, t, f"it is in a kernel of rule {other.name} @ {other.location}")
+
+
+class _TraceWatch(_Watch):
+    """Why `rule` refused a group's root, for a trace (engine/trace.py)."""
+
+    def __init__(self, trace: Trace, rule: Rule, table: OpTable) -> None:
+        super().__init__(Explanation(rule.name), rule, table)
+        self.trace = trace
+
+    def refuse(self, root: Term, t: Term, why: str) -> None:
+        if t is root:
+            self.trace.refuse(root, self.watched, why)
 
 
 def _used_outside(t: Term, members: set[Term], places: Order, outputs: set[Term]) -> bool:
@@ -441,7 +456,7 @@ def _why_not(t: Term, info: Any, rule: Rule, places: Order,
     return "the target cannot compile it"
 
 
-def _rebuild(graph: Graph, store: TermStore, places: Order) -> Graph:
+def _rebuild(graph: Graph, store: TermStore, places: Order, trace: Trace | None) -> Graph:
     """The graph with each group replaced by its kernel, built in `places`' order
     (a group's operands all come before it there: a KeyError here is a bug of
     `Order`, and the graph falls back to eager, never to a wrong result)."""
@@ -452,6 +467,8 @@ def _rebuild(graph: Graph, store: TermStore, places: Order) -> Graph:
     for n in nodes:
         if isinstance(n, Group):
             kernel = _kernel(n, store, new)
+            if trace:
+                trace.kernel(n.rule, n.root, frozenset(n.members), kernel)
             if len(n.outputs) == 1:
                 new[n.root] = kernel
             for i, o in enumerate(n.outputs if len(n.outputs) > 1 else ()):
@@ -460,6 +477,8 @@ def _rebuild(graph: Graph, store: TermStore, places: Order) -> Graph:
             new[n] = store.make(n.op, [new[a] for a in n.args], n.attrs, meta=n.meta)
         else:
             new[n] = n
+    if trace:
+        trace.moved(new)
     return Graph(tuple(new[t] for t in graph.inputs),
                  tuple(None if o is None else new[o] for o in graph.outputs))
 

@@ -24,6 +24,7 @@ from .ops import OpTable, default_op_table
 from .rewrite import REWRITE_SECONDS, Explanation, Folder, Rewriter, RuleStats
 from .rules import Rule
 from .term import Graph, Term, TermStore
+from .trace import Trace
 
 
 @dataclass
@@ -48,11 +49,13 @@ class Context:
     log: Callable[[str], None] = diag.log.info
     explain: Explanation | None = None
     seconds: float = REWRITE_SECONDS
+    trace: Trace | None = None  # every firing in order (engine/trace.py), when asked for
     # what the passes did
     fired: Counter[str] = field(default_factory=Counter)
     stats: dict[str, RuleStats] = field(default_factory=dict)
     phase_log: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per pass
 
     def say(self, line: str) -> None:
         self.phase_log.append(line)
@@ -93,7 +96,8 @@ class RewritePass:
         start, n_before = time.perf_counter(), len(graph.terms())
         rw = Rewriter(ctx.store, ctx.table, rules, stats=ctx.stats, explain=ctx.explain,
                       folder=folder, is_frozen=ctx.is_frozen,
-                      log=ctx.log if ctx.debug >= 2 else None, seconds=ctx.seconds)
+                      log=ctx.log if ctx.debug >= 2 else None, seconds=ctx.seconds,
+                      trace=ctx.trace)
         try:
             res = rw.run(graph)
         except RewriteStop as e:
@@ -140,7 +144,7 @@ class FusePass:
         start, n_before = time.perf_counter(), len(graph.terms())
         graph, groups = fuse(graph, ctx.store, ctx.table, rules, can_compile=ctx.can_compile,
                              spaces=ctx.spaces, log=ctx.log if ctx.debug >= 2 else None,
-                             explain=ctx.explain)
+                             explain=ctx.explain, trace=ctx.trace)
         ctx.fired.update(groups)
         ctx.say(f"phase {self.name}: {sum(groups.values())} kernel(s), {n_before} -> "
                 f"{len(graph.terms())} terms, {_ms(start)}")
@@ -178,6 +182,8 @@ class PipelineResult:
     stop_reason: str
     stats: dict[str, RuleStats] = field(default_factory=dict)
     phase_log: list[str] = field(default_factory=list)
+    # wall seconds per pass, in order
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
@@ -190,16 +196,24 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
                  passes: tuple[Pass, ...] = PASSES,
-                 seconds: float = REWRITE_SECONDS) -> PipelineResult:
+                 seconds: float = REWRITE_SECONDS,
+                 trace: Trace | None = None) -> PipelineResult:
     """Run every pass in order (see `Context` for the arguments). Raises RewriteStop
-    on a cycle or an exhausted budget (steps, or `seconds` for each rewrite pass)."""
+    on a cycle or an exhausted budget (steps, or `seconds` for each rewrite pass).
+    `trace` (engine/trace.py), if given, records every firing in order."""
     ctx = Context(store, rules, table or default_op_table(), folder=folder,
                   is_frozen=is_frozen, can_compile=can_compile, spaces=spaces or {},
                   relayout=relayout, variants=variants, debug=debug, log=log or diag.log.info,
-                  explain=explain, seconds=seconds)
+                  explain=explain, seconds=seconds, trace=trace)
     if explain is not None:
         explain.ops.update(t.op for t in graph.terms())
+    if trace is not None:
+        trace.start(graph)
     for p in passes:
+        if trace is not None:
+            trace.phase = p.name
+        start = time.perf_counter()
         graph = p.run(graph, ctx)
+        ctx.phase_seconds[p.name] = time.perf_counter() - start
     return PipelineResult(graph, ctx.fired, "; ".join(ctx.reasons) or "no rules", ctx.stats,
-                          ctx.phase_log)
+                          ctx.phase_log, ctx.phase_seconds)

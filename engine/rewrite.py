@@ -31,6 +31,7 @@ from .acmatch import Flat, MatchBudget
 from .pattern import MATCH_BUDGET, Builder, Failure, Matcher, Rest
 from .rules import ATTR_FUNCS, Rule
 from .term import Graph, Term, TermStore, render
+from .trace import Trace
 
 
 @dataclass
@@ -114,8 +115,9 @@ class Rewriter:
                  budget: int | None = None, log: Log | None = None,
                  stats: dict[str, RuleStats] | None = None,
                  explain: Explanation | None = None, match_budget: int = MATCH_BUDGET,
-                 seconds: float = REWRITE_SECONDS) -> None:
+                 seconds: float = REWRITE_SECONDS, trace: Trace | None = None) -> None:
         self.store = store
+        self.trace = trace  # the HTML report's record of firings (engine/trace.py)
         self.table = table
         self.index = index_rules(rules)
         self.folder = folder
@@ -178,6 +180,8 @@ class Rewriter:
                               f"`{render(c.term, 3)}` leads back to itself)") from None
         inputs = tuple(self.normal.get(t, t) for t in graph.inputs)
         outputs = tuple(None if o is None else self.normal[o] for o in graph.outputs)
+        if self.trace:
+            self.trace.moved(self.normal)
         return Graph(inputs, outputs)
 
     def _normalize(self, t: Term) -> Term:
@@ -226,6 +230,8 @@ class Rewriter:
             if self.log:
                 self.log(f"{rule.name} @ {rule.location}: {render(t, 3)} -> "
                          f"{render(replacement, 3)}")
+            if self.trace:
+                self.trace.fired(rule.name, rule.location, t, replacement)
             if self.steps > self.total_budget:
                 raise RewriteStop(f"step budget ({self.steps} rewrites) exhausted; most "
                                   f"fired: {self._top()} (a rule that keeps growing a term?)")
@@ -246,6 +252,8 @@ class Rewriter:
             if folded is not None:
                 self.steps += 1
                 self.fired[FOLD_CONSTANTS] += 1
+                if self.trace:
+                    self.trace.fired(FOLD_CONSTANTS, "frontend/fold.py", t, folded)
                 return folded
         return t
 
