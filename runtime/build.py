@@ -256,6 +256,10 @@ def build_cpp(source: str, symbol: str, contract: bool = False) -> tuple[Any, Pa
     return fn, src
 
 
+# C++ libraries found built in the cache, this process (the report's cache hits)
+CACHE_HITS = [0]
+
+
 def _build_cached(source: str, compiler: str, flags: tuple[str, ...]) -> tuple[Path, Path]:
     """The library built from `source` with `flags`, and its source, in the cache."""
     key = _sha("\n".join([source, " ".join(flags), _cxx_version(compiler), target()]).encode())
@@ -277,6 +281,7 @@ def _build_into(root: Path, key: str, source: str, compiler: str, flags: tuple[s
     temporary files go, whatever happens."""
     src, lib = root / f"{key}.cpp", root / f"{key}.so"
     if verified(lib, target()):
+        CACHE_HITS[0] += 1
         return lib
     fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=root)
     os.close(fd)

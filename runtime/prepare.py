@@ -26,7 +26,7 @@ from ..kinds import registry
 from ..kinds.kernels import RenderError
 from ..kinds.spec import KernelSpec
 from . import ahead
-from .build import BudgetSpent, BuildError, budget, vector_math_decls
+from .build import CACHE_HITS, BudgetSpent, BuildError, budget, vector_math_decls
 from .launch import KernelFallback, Result
 from .recipe import KernelRecipe
 
@@ -37,6 +37,10 @@ class Prepared:
     launchers: dict[Term, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     failed: int = 0  # kernels that went back to their ATen body
+    # why each of those did: rule, location, template, error, the ops it held
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    cache_hits: int = 0  # C++ kernels found built in the kernel cache
+    names: dict[Term, str] = field(default_factory=dict)  # kernel term -> its name
 
 
 def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., Result]:
@@ -72,10 +76,13 @@ def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool
     builds share `budget_s` seconds of compiler time, and once it is spent the
     kernels left fall back together, with one warning. `autotune` (mode
     max-autotune) times Triton kernels' launch configurations (runtime/autotune.py)."""
+    hits = CACHE_HITS[0]
     with budget(budget_s):
-        return _prepare(graph, store, target, strict=strict, out_dir=out_dir, name=name,
-                        bridge=bridge, warn=warn, contract=contract, budget_s=budget_s,
-                        autotune=autotune)
+        prepared = _prepare(graph, store, target, strict=strict, out_dir=out_dir, name=name,
+                            bridge=bridge, warn=warn, contract=contract, budget_s=budget_s,
+                            autotune=autotune)
+    prepared.cache_hits = CACHE_HITS[0] - hits
+    return prepared
 
 
 def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
@@ -95,6 +102,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
         if spent:
             spent.append(str(t.attr("rule")))
             failed[t] = inline_body(t, store)
+            prepared.failures.append(_failure(t, target, "the compile budget is spent"))
             continue
         try:
             spec, source, launcher_name = _render(t, index, target)
@@ -106,6 +114,7 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
                 raise CompileError(f"rewritec: graph {name}: {e}") from None
             spent.append(str(t.attr("rule")))
             failed[t] = inline_body(t, store)
+            prepared.failures.append(_failure(t, target, str(e)))
             continue
         except (RenderError, BuildError, KeyError, ValueError) as e:
             message = (f"rewritec: kernel for rule {t.attr('rule')} @ {t.attr('location')} "
@@ -114,9 +123,11 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
                 raise CompileError(message) from None
             say(message)
             failed[t] = inline_body(t, store)
+            prepared.failures.append(_failure(t, target, str(e)))
             continue
         launcher.strict = strict
         prepared.launchers[t] = launcher
+        prepared.names[t] = spec.name
         if out_dir:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -141,6 +152,14 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
         # where workers run, they compile the kernels while the graph is finished
         ahead.submit_graph(prepared.graph, prepared.launchers)
     return prepared
+
+
+def _failure(kernel: Term, target: str, error: str) -> dict[str, Any]:
+    """What the report says of a kernel that went back to ATen."""
+    ops = Counter(t.op for t in body_terms(kernel) if t.op not in ("arg", "const"))
+    return {"rule": kernel.attr("rule"), "location": kernel.attr("location"),
+            "template": f"{target}/{kernel.attr('kind')}", "error": error,
+            "ops": dict(ops)}
 
 
 def body_ops(spec: KernelSpec) -> dict[str, int]:
