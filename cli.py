@@ -2,6 +2,7 @@
 
     rewritec compile SCRIPT [--out DIR] [--device cpu|cuda] [--rules PATH]...
     rewritec explain SCRIPT --rule NAME
+    rewritec report DIR
     rewritec rules list | check | test [--rules PATH]...
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .htmlreport.page import ReportPageError, write_page
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--rule", required=True)
     common(e)
 
+    h = sub.add_parser("report", help="rebuild DIR/report.html from an artifact folder")
+    h.add_argument("dir", help="a folder written by `rewritec compile --out DIR`")
+
     r = sub.add_parser("rules", help="list, check or test the rule library")
     r.add_argument("action", choices=("list", "check", "test"))
     common(r)
@@ -60,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "compile":
             return cmd_compile(args)
+        if args.command == "report":
+            return cmd_report(args)
         if args.command == "explain":
             from .explain import cmd_explain
 
@@ -116,11 +123,29 @@ def cmd_compile(args: argparse.Namespace) -> int:
                               ahead_of_time=aot)
     try:
         report.write_report(out / "report.json", data)
+        write_page(out)
     except OSError as e:
         return _fail(f"cannot write {out / 'report.json'}: {e.strerror or e}")
+    except ReportPageError as e:
+        return _fail(str(e))
     if not args.quiet:
         print(report.summary_table(report.RECORDS))
-        print(f"\nartifacts: {out}{os.sep} (report.json, captured/final graphs, generated code)")
+        print(f"\nartifacts: {out}{os.sep} (report.json, report.html, captured/final graphs, "
+              "generated code)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Rebuild DIR/report.html from the files in DIR alone."""
+    out = Path(args.dir)
+    if not (out / "report.json").is_file():
+        return _fail(f"no report.json in {out} (write one with `rewritec compile SCRIPT "
+                     f"--out {out}`)")
+    try:
+        path = write_page(out)
+    except ReportPageError as e:
+        return _fail(str(e))
+    print(path)
     return 0
 
 

@@ -10,7 +10,9 @@ back to running the captured FX graph eagerly, with a warning naming why
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import operator
 import time
 import warnings
@@ -30,10 +32,13 @@ from .engine.diag import log as _log
 from .engine.diag import user_stacklevel
 from .engine.errors import CompileError, RewritecError
 from .engine.rewrite import Explanation
-from .engine.term import Graph
+from .engine.term import Graph, TermStore
+from .engine.trace import Trace
 from .aten.regions import CALL_LABEL as REGION_CALL
 from .aten.regions import (Region, compile_regions, has_regions, region_bodies,
                            region_calls)
+from .htmlreport.collect import graph_details
+from .htmlreport.page import ReportPageError, write_page
 from .kinds.kernels import compilable
 from .kinds.registry import SPACES
 from .kinds.variants import variants_for
@@ -42,6 +47,7 @@ from .runtime.wrapper import callable_label, lower
 
 if TYPE_CHECKING:
     from .runtime.graph_cache import Artifact
+    from .runtime.prepare import Prepared
 
 
 
@@ -148,6 +154,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         fn = _boxed(runs.forward)
     rec.compile_seconds = time.perf_counter() - start
     if opts.out_dir:
+        if "captured" not in rec.files:  # it fell back before writing: the graph it runs
+            with contextlib.suppress(OSError):  # _update_report warns of an unwritable folder
+                _write_files(Path(opts.out_dir), rec,
+                             {"captured": gm.print_readable(print_output=False)})
         _update_report(opts, rec)
     return fn
 
@@ -163,14 +173,18 @@ def _compile_region(opts: Options, sub: torch.fx.GraphModule, example_inputs: li
 
 
 def _update_report(opts: Options, rec: report.GraphRecord) -> None:
-    """Rewrite out_dir/report.json with this graph added (docs/report.md). A report
-    that cannot be written does not stop a graph that compiled."""
+    """Rewrite out_dir/report.json and report.html with this graph added
+    (docs/report.md). A report that cannot be written does not stop a graph that
+    compiled."""
     options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
     try:
         report.record_in_out_dir(str(opts.out_dir), rec, options)
+        write_page(str(opts.out_dir))
     except OSError as e:
         warnings.warn(f"rewritec: cannot write {opts.out_dir}/report.json: {e.strerror or e}",
                       RewritecWarning, stacklevel=user_stacklevel())
+    except ReportPageError as e:
+        warnings.warn(f"rewritec: {e}", RewritecWarning, stacklevel=user_stacklevel())
 
 
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,
@@ -336,10 +350,14 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         # each distinct region compiled once (aten/regions.py); gm calls them
         gm = parts["regional"] = compile_regions(gm, partial(_compile_region, opts))
     bridge = Bridge(_fake_mode(example_inputs))
+    clock = time.perf_counter()
     conv = fx_to_terms(gm, bridge, params, frozen)
     graph = conv.graph
     rec.nodes_in = len(graph.terms())
+    rec.phase_seconds["convert"] = time.perf_counter() - clock
     aliased_before = [_input_alias(o) for o in graph.outputs]
+    # every firing in order, for the HTML report; only kept when it is written
+    trace = Trace() if opts.out_dir else None
     if opts.rewrite:
         from .aten.fold import is_frozen, make_folder
         from .engine.pipeline import run_pipeline
@@ -359,43 +377,76 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                               can_compile=compilable(target), spaces=SPACES,
                               variants=variants_for(target, conv.store),
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
-                                                    bridge, rec.layout, parts["steps"]))
+                                                    bridge, rec.layout, parts["steps"]),
+                              trace=trace)
         graph = result.graph
         rec.rules_fired.update(result.fired)
         rec.stop_reason = result.stop_reason
+        rec.phase_seconds.update(result.phase_seconds)
         report.add_rule_stats(result.stats)
         if opts.debug >= 3:
             for line in ["final graph", *dump_graph(graph).splitlines()]:
                 _log.debug("%s: %s", name, line)
     rec.nodes_out = len(graph.terms())
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
+    prepared = _prepare(graph, conv.store, opts, name, rec, bridge, parts)
     launchers: dict[Any, Any] = {}
-    if any(t.op == "kernel" for t in graph.terms()):
-        from .runtime.prepare import prepare_kernels
-
-        prepared = prepare_kernels(graph, conv.store, choose_target(opts, graph),
-                                   strict=opts.strict, out_dir=opts.out_dir, name=name,
-                                   bridge=bridge, contract=opts.fast_math,
-                                   budget_s=opts.compile_budget, autotune=opts.autotune)
+    if prepared is not None:
         graph, launchers = prepared.graph, prepared.launchers
-        parts["kernel_fallbacks"] = prepared.failed
-        rec.kernels.extend(prepared.records)
+    clock = time.perf_counter()
     lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=clones,
                     launchers=launchers)
+    rec.phase_seconds["lower"] = time.perf_counter() - clock
     rec.fallback_ops.update(lowered.fallback_ops)
     rec.fallback_ops.pop(REGION_CALL, None)
     parts["lowered"] = lowered
     if opts.out_dir:
-        out = Path(opts.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        files = {
-            "captured": (f"{name}.captured.txt", captured.print_readable(print_output=False)),
-            "final": (f"{name}.final.txt", dump_graph(graph)),
-            "wrapper": (f"{name}.wrapper.py", lowered.source),
-        }
-        for key, (fname, text) in files.items():
-            (out / fname).write_text(text)
-            rec.files[key] = str(out / fname)
+        _write_artifacts(Path(opts.out_dir), rec, captured, lowered.source, conv.graph, graph,
+                         trace or Trace(), prepared, choose_target(opts, graph))
     fn = lowered.fn
     fn._boxed_call = True
     return fn
+
+
+def _prepare(graph: Graph, store: TermStore, opts: Options, name: str,
+             rec: report.GraphRecord, bridge: Bridge, parts: dict[str, Any]) -> Prepared | None:
+    """The graph's kernel terms built into launchers (codegen/prepare.py: Prepared),
+    or None for a graph without kernels."""
+    if not any(t.op == "kernel" for t in graph.terms()):
+        return None
+    from .runtime.prepare import prepare_kernels
+
+    clock = time.perf_counter()
+    prepared = prepare_kernels(graph, store, choose_target(opts, graph),
+                               strict=opts.strict, out_dir=opts.out_dir, name=name,
+                               bridge=bridge, contract=opts.fast_math,
+                               budget_s=opts.compile_budget, autotune=opts.autotune)
+    parts["kernel_fallbacks"] = prepared.failed
+    rec.kernels.extend(prepared.records)
+    rec.kernel_cache_hits = prepared.cache_hits
+    rec.phase_seconds["kernels"] = time.perf_counter() - clock
+    return prepared
+
+
+def _write_artifacts(out: Path, rec: report.GraphRecord, gm: torch.fx.GraphModule,
+                     wrapper: str, captured: Graph, final: Graph, trace: Trace,
+                     prepared: Prepared | None, target: str) -> None:
+    """The graph's files in out_dir: captured and final graphs as text, the wrapper,
+    and what the HTML report shows of it (htmlreport/collect.py)."""
+    details = graph_details(captured, final, trace, prepared, compilable(target), target)
+    _write_files(out, rec, {"captured": gm.print_readable(print_output=False),
+                            "final": dump_graph(final), "wrapper": wrapper,
+                            "details": json.dumps(details, default=str)})
+
+
+# The file each artifact goes to, after the graph's name.
+ARTIFACT_FILES = {"captured": "captured.txt", "final": "final.txt", "wrapper": "wrapper.py",
+                  "details": "details.json"}
+
+
+def _write_files(out: Path, rec: report.GraphRecord, texts: dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for key, text in texts.items():
+        path = out / f"{rec.name}.{ARTIFACT_FILES[key]}"
+        path.write_text(text)
+        rec.files[key] = str(path)

@@ -41,6 +41,10 @@ class GraphRecord:
     # CUDA-graph replay (runtime/cudagraphs.py): on/off and why, once decided.
     cudagraphs: str = ""
     compile_seconds: float = 0.0
+    # wall seconds per step: convert, each pass that ran, kernels, lower
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    # C++ kernels found already built in the kernel cache (runtime/build.py)
+    kernel_cache_hits: int = 0
     # Loaded from the graph cache (runtime/graph_cache.py): the rules and kernels
     # listed are those of the compilation that stored it.
     cached: bool = False
@@ -130,6 +134,7 @@ def record_in_out_dir(out_dir: str, rec: GraphRecord, options: dict[str, Any]) -
         records.append(rec)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_report(Path(out_dir) / "report.json", report_data(records, options=options))
+
 
 
 def add_rule_stats(stats: dict[str, Any]) -> None:

@@ -24,7 +24,8 @@ _NOT_SOURCE = shutil.ignore_patterns(".venv", "build", "dist", "*.egg-info", "__
 def _data_files() -> list[str]:
     """The package data of the checkout, as wheel paths."""
     files = [*REPO_ROOT.glob("rules/**/*.yaml"), *REPO_ROOT.glob("templates/**/*.j2"),
-             *REPO_ROOT.glob("engine/*.lark")]
+             *REPO_ROOT.glob("engine/*.lark"), *REPO_ROOT.glob("htmlreport/*.j2"),
+             *REPO_ROOT.glob("htmlreport/*.css"), *REPO_ROOT.glob("htmlreport/*.js")]
     return sorted("rewritec/" + f.relative_to(REPO_ROOT).as_posix() for f in files)
 
 
