@@ -43,6 +43,7 @@ from .kinds.kernels import compilable
 from .kinds.registry import SPACES
 from .kinds.variants import variants_for
 from .options import Options
+from .rulesets import op_table_for, ruleset_for
 from .runtime.wrapper import callable_label, lower
 
 if TYPE_CHECKING:
@@ -349,7 +350,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     if has_regions(gm):
         # each distinct region compiled once (aten/regions.py); gm calls them
         gm = parts["regional"] = compile_regions(gm, partial(_compile_region, opts))
-    bridge = Bridge(_fake_mode(example_inputs))
+    # the package's ops and those the user's rule files declare: conversion, rules,
+    # kernels and the ATen calls of the wrapper all read this one table
+    table = op_table_for(opts) if opts.rewrite else None
+    bridge = Bridge(_fake_mode(example_inputs), table)
     clock = time.perf_counter()
     conv = fx_to_terms(gm, bridge, params, frozen)
     graph = conv.graph
@@ -362,19 +366,18 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         from .aten.fold import is_frozen, make_folder
         from .engine.pipeline import run_pipeline
         from .passes.layout import relayout_for
-        from .rulesets import ruleset_for
 
         target = choose_target(opts, graph)
         explanation = None
         if opts.explain:
             explanation = Explanation(opts.explain)
             report.EXPLANATIONS.append((name, explanation))
-        result = run_pipeline(graph, conv.store, ruleset_for(opts), debug=opts.debug,
-                              explain=explanation,
+        result = run_pipeline(graph, conv.store, ruleset_for(opts), table=bridge.table,
+                              debug=opts.debug, explain=explanation,
                               log=lambda line: _log.info("%s: %s", name, line),
                               folder=make_folder(conv.store, bridge, parts["steps"]),
                               is_frozen=is_frozen,
-                              can_compile=compilable(target), spaces=SPACES,
+                              can_compile=compilable(target, bridge.table), spaces=SPACES,
                               variants=variants_for(target, conv.store),
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
                                                     bridge, rec.layout, parts["steps"]),

@@ -32,7 +32,7 @@ from .aten.dtypes import TORCH_DTYPES
 from .aten.fold import is_frozen, make_folder, tensor_term
 from .engine import syntax as S
 from .engine.errors import RewriteStop, RuleError, RuleErrors
-from .engine.ops import default_op_table
+from .engine.ops import OpTable, default_op_table
 from .engine.pattern import Builder
 from .engine.pipeline import run_pipeline
 from .engine.prove import prove
@@ -107,13 +107,14 @@ def _drop_wildcards(node: S.Node) -> S.Node:
     return node
 
 
-def build_example(rule: Rule, example: dict[str, Any], seed: int = 0
-                  ) -> tuple[Graph, TermStore, Bridge, list[Any]]:
-    """The example's term graph, its store and bridge, and its input values."""
+def build_example(rule: Rule, example: dict[str, Any], seed: int = 0,
+                  table: OpTable | None = None) -> tuple[Graph, TermStore, Bridge, list[Any]]:
+    """The example's term graph, its store and bridge, and its input values; `table`
+    holds the ops it may use (the package's, and a user's)."""
     gen = torch.Generator().manual_seed(seed)
     src = example.get("expr", rule.pattern_src)
     ast = _drop_wildcards(S.parse_expr(str(src), rule.where))
-    bridge = Bridge()
+    bridge = Bridge(table=table)
     store = TermStore(bridge.meta_hook)
     env: dict[str, Any] = {}
     inputs: list[Term] = []
@@ -137,7 +138,7 @@ def build_example(rule: Rule, example: dict[str, Any], seed: int = 0
     missing -= {n for n in missing if n in ("f32", "f16", "bf16", "f64", "i64", "i32", "b8")}
     if missing:
         raise RuleError(f"example gives no value for {', '.join(sorted(missing))}", rule.where)
-    root = Builder(default_op_table(), store, ATTR_FUNCS).term(ast, env)
+    root = Builder(bridge.table, store, ATTR_FUNCS).term(ast, env)
     return Graph(tuple(inputs), (root,)), store, bridge, values
 
 
@@ -162,15 +163,16 @@ def example_target(rule: Rule | None = None) -> str:
 
 
 def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
-                expect_fire: bool = True) -> ExampleResult:
+                expect_fire: bool = True, table: OpTable | None = None) -> ExampleResult:
     """Rewrite the example with `rule` alone; compare with the unrewritten graph.
     A fuse rule's kernels are generated, built and run for `example_target()`."""
-    graph, store, bridge, values = build_example(rule, example, seed=index)
+    graph, store, bridge, values = build_example(rule, example, seed=index, table=table)
     target = example_target(rule)
     try:
-        result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
-                              is_frozen=is_frozen,
-                              can_compile=compilable(target) if rule.kind == "fuse" else None,
+        result = run_pipeline(graph, store, [rule], table=bridge.table,
+                              folder=make_folder(store, bridge), is_frozen=is_frozen,
+                              can_compile=compilable(target, bridge.table)
+                              if rule.kind == "fuse" else None,
                               spaces=SPACES, variants=variants_for(target, store),
                               seconds=EXAMPLE_SECONDS)
     except RewriteStop as e:
@@ -186,7 +188,7 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     after, launchers = result.graph, {}
     if rule.kind == "fuse":
         prepared = prepare_kernels(after, store, target, strict=True, out_dir=None,
-                                   name=rule.name)
+                                   name=rule.name, bridge=bridge)
         after, launchers = prepared.graph, prepared.launchers
     got = lower(after, bridge, f"{rule.name}_after", launchers=launchers).fn(list(values))[0]
     err = _max_error(got, want)
@@ -206,13 +208,14 @@ def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d.max()) if d.numel() else 0.0
 
 
-def loop_check(rule: Rule, library: list[Rule]) -> str | None:
+def loop_check(rule: Rule, library: list[Rule], table: OpTable | None = None) -> str | None:
     """Rewrite the rule's examples with the whole library: a cycle between
     rules (a -> b, b -> a) or a term that keeps growing shows up here."""
     for i, ex in enumerate(rule.examples):
         try:
-            graph, store, bridge, _ = build_example(rule, ex, seed=i)
-            run_pipeline(graph, store, library, folder=make_folder(store, bridge),
+            graph, store, bridge, _ = build_example(rule, ex, seed=i, table=table)
+            run_pipeline(graph, store, library, table=bridge.table,
+                         folder=make_folder(store, bridge),
                          is_frozen=is_frozen, seconds=EXAMPLE_SECONDS)
         except RewriteStop as e:
             return str(e)
@@ -221,18 +224,21 @@ def loop_check(rule: Rule, library: list[Rule]) -> str | None:
     return None
 
 
-def rule_report(rule: Rule, library: list[Rule] | None = None) -> tuple[list[str], list[str]]:
+def rule_report(rule: Rule, library: list[Rule] | None = None,
+                table: OpTable | None = None) -> tuple[list[str], list[str]]:
     """(problems, notes) for one rule: examples, no_match, proof, fp-exactness,
-    and (given the library it ships with) termination."""
+    and (given the library it ships with) termination. `table`: the ops the rule
+    was loaded with (rulesets.py: op_table_for), the package's by default."""
     problems: list[str] = []
     notes: list[str] = []
+    table = table or default_op_table()
     if library:
-        loop = loop_check(rule, library)
+        loop = loop_check(rule, library, table)
         if loop:
             problems.append(loop)
     for i, ex in enumerate(rule.examples):
         try:
-            r = run_example(rule, ex, i)
+            r = run_example(rule, ex, i, table=table)
         except RuleError as e:
             problems.append(e.message)
             continue
@@ -243,17 +249,17 @@ def rule_report(rule: Rule, library: list[Rule] | None = None) -> tuple[list[str
             problems.append(f"example {i}: {r.message}")
     for i, ex in enumerate(rule.no_match):
         try:
-            r = run_example(rule, ex, i, expect_fire=False)
+            r = run_example(rule, ex, i, expect_fire=False, table=table)
         except Exception as e:  # noqa: BLE001
             problems.append(f"no_match {i} cannot run: {type(e).__name__}: {e}")
             continue
         if not r.ok:
             problems.append(f"no_match {i}: {r.message}")
-    proof = prove(rule, default_op_table())
+    proof = prove(rule, table)
     notes.append(proof.status + (" (guard must ensure x > 0)" if proof.status ==
                                  "proved-positive" else ""))
     if not problems:
-        problems += probe(rule)
+        problems += probe(rule, table)
     return problems, notes
 
 
@@ -376,7 +382,7 @@ def _difference(got: Any, want: Any, ulps: float | None) -> tuple[str, int] | No
     return f"got {got.reshape(-1)[i].item()!r}, eager {want.reshape(-1)[i].item()!r}", i
 
 
-def probe(rule: Rule) -> list[str]:
+def probe(rule: Rule, table: OpTable | None = None) -> list[str]:
     """Problems the probe finds in `rule`, one line each (see PROBE_DTYPES)."""
     if rule.replace is None:
         return []  # fusion rules keep each op; their kernels are checked differentially
@@ -387,7 +393,7 @@ def probe(rule: Rule) -> list[str]:
     problems: list[str] = []
     for name in dtypes:
         for i, ex in enumerate(rule.examples):
-            found = _probe_one(rule, ex, i, name, ulps, extremes=identity)
+            found = _probe_one(rule, ex, i, name, ulps, extremes=identity, table=table)
             if found:
                 problems.append(found)
                 break
@@ -395,15 +401,16 @@ def probe(rule: Rule) -> list[str]:
 
 
 def _probe_one(rule: Rule, example: dict[str, Any], index: int, name: str,
-               ulps: float | None, extremes: bool) -> str | None:
+               ulps: float | None, extremes: bool, table: OpTable | None = None) -> str | None:
     retyped = _retyped(example, name)
     if retyped is None:
         return None
     try:
         with _quiet_meta():
-            graph, store, bridge, values = build_example(rule, retyped, seed=index)
-        result = run_pipeline(graph, store, [rule], folder=make_folder(store, bridge),
-                              is_frozen=is_frozen)
+            graph, store, bridge, values = build_example(rule, retyped, seed=index,
+                                                         table=table)
+        result = run_pipeline(graph, store, [rule], table=bridge.table,
+                              folder=make_folder(store, bridge), is_frozen=is_frozen)
         if not result.fired.get(rule.name):
             return None  # its guards (or the type check) leave this dtype alone
         before = lower(graph, bridge, f"{rule.name}_before").fn
@@ -460,7 +467,8 @@ def _shown(v: Any, i: int, out: Any) -> str:
     return "[" + ", ".join(repr(x) for x in flat) + (", ...]" if v.numel() > 6 else "]")
 
 
-def verify_user_rules(rules: list[Rule], library: list[Rule] | None = None) -> None:
+def verify_user_rules(rules: list[Rule], library: list[Rule] | None = None,
+                      table: OpTable | None = None) -> None:
     """Give each user rule the gate every built-in rule passes in the test suite (its
     examples and no_match examples, the probe, and termination with `library`)
     before it is used to compile anything: a rule that fails it is rejected, with its
@@ -473,7 +481,7 @@ def verify_user_rules(rules: list[Rule], library: list[Rule] | None = None) -> N
             # The first compilation loads the rules under AOTAutograd's fake mode,
             # where the examples' real tensors cannot run (nonzero in assert_close).
             with unset_fake_temporarily():
-                problems, _ = rule_report(rule, library)
+                problems, _ = rule_report(rule, library, table)
         except RuleError as e:
             problems = [e.message]
         except Exception as e:  # noqa: BLE001 - a broken rule is reported, never raised
@@ -485,11 +493,12 @@ def verify_user_rules(rules: list[Rule], library: list[Rule] | None = None) -> N
         raise RuleErrors(errors)
 
 
-def check_rules(rules: list[Rule], out: TextIO) -> int:
-    """`rewritec rules check` over `rules` (rulesets.py gives them, fast-math ones too)."""
+def check_rules(rules: list[Rule], out: TextIO, table: OpTable | None = None) -> int:
+    """`rewritec rules check` over `rules` (rulesets.py gives them, fast-math ones too,
+    and the op `table` they were loaded with)."""
     failed = 0
     for rule in rules:
-        problems, notes = rule_report(rule, rules)
+        problems, notes = rule_report(rule, rules, table)
         status = "FAIL" if problems else "ok"
         out.write(f"{status:<4} {rule.name:<28} {', '.join(notes):<18} {rule.location}\n")
         for p in problems:
@@ -499,7 +508,7 @@ def check_rules(rules: list[Rule], out: TextIO) -> int:
     return 1 if failed else 0
 
 
-def test_rules(rules: list[Rule], out: TextIO) -> int:
+def test_rules(rules: list[Rule], out: TextIO, table: OpTable | None = None) -> int:
     """`rewritec rules test`: every example and no_match example of `rules`."""
     passed = failed = 0
     for rule in rules:
@@ -507,7 +516,7 @@ def test_rules(rules: list[Rule], out: TextIO) -> int:
         cases += [(ex, i, False) for i, ex in enumerate(rule.no_match)]
         for ex, i, fire in cases:
             try:
-                r = run_example(rule, ex, i, expect_fire=fire)
+                r = run_example(rule, ex, i, expect_fire=fire, table=table)
                 ok, msg = r.ok, r.message
             except Exception as e:  # noqa: BLE001
                 ok, msg = False, f"{type(e).__name__}: {e}"

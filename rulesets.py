@@ -15,31 +15,42 @@ from functools import cache
 from pathlib import Path
 
 from .engine.errors import RewritecError, RuleError, RuleErrors
-from .engine.ops import RULES_DIR, OpTable, default_op_table, use_default_op_table
+from .engine.ops import RULES_DIR, OpInfo, OpTable, default_op_table, use_default_op_table
 from .engine.rewrite import BUILTIN_STEPS
+from .kinds.templates import check_user_templates
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
 from .kinds.registry import RULE_KINDS
 from .options import Options, closest
 
 
 def _load(paths: list[Path], builtin: bool) -> list[Rule]:
-    loader = RuleLoader(kernels=RULE_KINDS)
+    return load_rule_files(paths, builtin=builtin)[0]
+
+
+def load_rule_files(paths: list[Path], builtin: bool = False) -> tuple[list[Rule], OpTable]:
+    """The rules of `paths` (files or folders, in order) and the op table they were
+    checked against: the package's, plus the ops the user's files declare. A user's
+    templates are checked here too (kinds/templates.py)."""
+    loader = RuleLoader(None if builtin else builtin_op_table(), kernels=RULE_KINDS)
     rules: list[Rule] = []
     errors: list[RuleError] = []
     for root in paths:
         if not root.exists():
             errors.append(RuleError(f"no such rule file or folder: {root}"))
             continue
-        for f in rule_files(root):
+        for f in rule_files(root, builtin):
             try:
-                rules.extend(loader.load_file(f, builtin=builtin))
+                loaded = loader.load_file(f, builtin=builtin)
+                if not builtin:
+                    check_user_templates(loaded)
+                rules.extend(loaded)
             except RuleErrors as e:
                 errors.extend(e.errors)
             except RuleError as e:
                 errors.append(e)
     if errors:
         raise RuleErrors(errors)
-    return rules
+    return rules, loader.table
 
 
 # Where the parsed built-in rules are kept first (see builtin_rules).
@@ -129,17 +140,40 @@ def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
 
 
 @cache
+def _user(user_paths: tuple[str, ...]) -> tuple[tuple[Rule, ...], OpTable]:
+    rules, table = load_rule_files([Path(p) for p in user_paths])
+    return tuple(rules), table
+
+
+def user_ops(table: OpTable) -> list[OpInfo]:
+    """The ops of `table` that a user's file declared (or replaced)."""
+    builtin = builtin_op_table().ops
+    return [op for name, op in table.ops.items() if builtin.get(name) is not op]
+
+
+def op_table_for(opts: Options) -> OpTable:
+    """The op table a compilation with `opts` uses: the package's, plus the ops its
+    rule files declare."""
+    if not opts.rules:
+        return builtin_op_table()
+    return _user(tuple(opts.rules))[1]
+
+
+@cache
 def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...],
              verify: bool = True) -> tuple[Rule, ...]:
-    user = _load([Path(p) for p in user_paths], builtin=False)
-    rules = check_unique(list(builtin_rules()) + user)
+    user, table = _user(user_paths)
+    rules = check_unique(list(builtin_rules()) + list(user))
     _check_disabled(disabled, rules)
-    if user and verify:
-        # Built-in rules are checked by the test suite; user rules get the same gate
-        # here, once per process, so an unsound rule never reaches a compiled graph.
+    if (user or user_ops(table)) and verify:
+        # Built-in rules and ops are checked by the test suite; a user's get the same
+        # gate here, once per process, so an unsound rule or an op whose kernel
+        # expression parts from ATen never reaches a compiled graph.
+        from .opcheck import verify_user_ops
         from .rulecheck import verify_user_rules
 
-        verify_user_rules(user, rules)
+        verify_user_ops(user_ops(table), table, rules)
+        verify_user_rules(list(user), rules, table)
     return tuple(r for r in rules if r.name not in disabled)
 
 
@@ -209,10 +243,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
         # Examples of Triton-only templates (the matmul) run through Triton's
         # interpreter on a machine without a GPU; it must be chosen before import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .rulecheck import check_rules, test_rules  # imports torch, which `list` needs not
+    from .opcheck import check_ops  # imports torch, which `list` needs not
+    from .rulecheck import check_rules, test_rules
 
     # each rule's problems are reported, not gated: every rule, fast-math ones too
     rules = ruleset_for(Options.make(rules=opts.rules, fast_math=True), verify=False)
+    table = op_table_for(opts)
     if args.action == "check":
-        return check_rules(rules, out=sys.stdout)
-    return test_rules(rules, out=sys.stdout)
+        failed_ops = check_ops(user_ops(table), table, rules, sys.stdout)
+        return check_rules(rules, out=sys.stdout, table=table) or int(failed_ops > 0)
+    return test_rules(rules, out=sys.stdout, table=table)

@@ -515,6 +515,8 @@ def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
     attrs: tuple[tuple[str, Any], ...] = (
         ("rule", rule.name), ("kind", rule.kernel), ("location", rule.location),
         ("body", root))
+    if rule.template_dir is not None:  # a user's folder: its templates come first
+        attrs += (("template_dir", rule.template_dir),)
     meta = group.root.meta
     if len(group.outputs) > 1:
         attrs += (("outputs", tuple(body[o] for o in group.outputs)),)

@@ -134,8 +134,9 @@ def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
     }
 
 
-_ATTRS = {"shape": "shape", "dtype": "dtype", "rank": "rank", "ndim": "rank",
-          "numel": "numel", "device": "device"}
+# `x.NAME` in a guard: the guard function it stands for (`x.shape` is `shape(x)`).
+GUARD_ATTRIBUTES = {"shape": "shape", "dtype": "dtype", "rank": "rank", "ndim": "rank",
+                    "numel": "numel", "device": "device"}
 
 
 class GuardEval:
@@ -143,9 +144,13 @@ class GuardEval:
         self.funcs = _functions(ctx)
 
     def check(self, node: S.Node, env: dict[str, Any]) -> bool:
+        """The guard's value; False when it cannot be decided (a symbolic size, a dim
+        the term does not have, a value of another type than the guard expects,
+        arithmetic beyond engine/arith.py's bounds). A guard that can never be
+        evaluated is refused when its rule loads (guard_problem)."""
         try:
             return _truth(self.eval(node, env))
-        except (Undecided, TypeError, ValueError, IndexError, KeyError, ZeroDivisionError):
+        except (Undecided, TypeError, ValueError, IndexError, KeyError, ArithmeticError):
             return False
 
     def eval(self, node: S.Node, env: dict[str, Any]) -> Any:
@@ -163,7 +168,7 @@ class GuardEval:
             fn = self.funcs[node.func]
             return fn(*[self.eval(a, env) for a in node.args])
         if isinstance(node, S.GetAttr):
-            return self.funcs[_ATTRS[node.attr]](self.eval(node.value, env))
+            return self.funcs[GUARD_ATTRIBUTES[node.attr]](self.eval(node.value, env))
         if isinstance(node, S.Index):
             return self.eval(node.value, env)[self.eval(node.index, env)]
         if isinstance(node, S.Neg):
@@ -214,3 +219,144 @@ def _truth(v: Any) -> bool:
 
 GUARD_FUNCTIONS = tuple(_functions(GuardContext(lambda t: 0, lambda t: False)))
 
+
+
+# ------------------------------------------------------------------ checked at load
+# The type of each guard function's result; `any` where it depends on the graph.
+# "term" arguments take a matched term (a variable of the pattern).
+_SIGNATURES: dict[str, tuple[tuple[str, ...], str]] = {
+    "rank": (("term",), "int"), "dtype": (("term",), "str"), "shape": (("term",), "tuple"),
+    "numel": (("term",), "int"), "device": (("term",), "str"), "users": (("term",), "int"),
+    "is_const": (("term",), "bool"), "is_scalar": (("term",), "bool"),
+    "is_tensor": (("term",), "bool"), "is_float": (("any",), "bool"),
+    "is_param": (("term",), "bool"), "value": (("term",), "any"),
+    "nonneg": (("term",), "bool"), "contiguous": (("term",), "bool"),
+    "reduces_innermost": (("term",), "bool"), "keeps_layout": (("term", "any"), "bool"),
+    "identity_perm": (("tuple",), "bool"), "widens": (("str", "str"), "bool"),
+    "same_shape": (("term", "term"), "bool"), "len": (("sized",), "int"),
+    "abs": (("number",), "any"),
+}
+_VARIADIC = ("min", "max")  # min(a, b) and min(sequence)
+_NUMBERS = ("int", "float", "bool")
+
+
+class GuardTypeError(Exception):
+    """A guard that no graph can evaluate: `node` is where it goes wrong."""
+
+    def __init__(self, message: str, node: S.Node) -> None:
+        super().__init__(message)
+        self.message, self.node = message, node
+
+
+def guard_problem(node: S.Node, names: dict[str, str]) -> GuardTypeError | None:
+    """Why guard `node` can never be evaluated (an unknown attribute, a function given
+    the wrong number or kind of arguments, arithmetic or comparison of a tuple with a
+    number, indexing a number), or None. `names` maps each bound name to its type
+    (`term`, `int`, ..., or `any` for a pattern variable)."""
+    try:
+        _type(node, names)
+    except GuardTypeError as e:
+        return e
+    return None
+
+
+def _fits(got: str, want: str) -> bool:
+    if got == "any" or want == "any":
+        return True
+    if want == "number":
+        return got in _NUMBERS
+    if want == "sized":
+        return got in ("tuple", "str")
+    if want == "term":
+        return got == "term"
+    return got == want
+
+
+def _type(node: S.Node, names: dict[str, str]) -> str:
+    if isinstance(node, S.Lit):
+        v = node.value
+        return ("bool" if isinstance(v, bool) else "int" if isinstance(v, int)
+                else "float" if isinstance(v, float) else "str" if isinstance(v, str)
+                else "any")
+    if isinstance(node, S.Var):
+        return names.get(node.name, "str" if node.name in DTYPE_NAMES else "any")
+    if isinstance(node, S.Seq):
+        for item in node.items:
+            _type(item, names)
+        return "tuple"
+    if isinstance(node, S.Call):
+        if node.func in _VARIADIC:
+            for arg in node.args:
+                _type(arg, names)
+            return "any"
+        params, result = _SIGNATURES.get(node.func, ((), "any"))
+        if node.func in _SIGNATURES and (len(node.args) != len(params) or node.kwargs):
+            raise GuardTypeError(f"{node.func}() takes {len(params)} argument"
+                                 f"{'s' if len(params) != 1 else ''}, got "
+                                 f"{len(node.args) + len(node.kwargs)}", node)
+        for arg, want in zip(node.args, params, strict=False):
+            got = _type(arg, names)
+            if not _fits(got, want):
+                raise GuardTypeError(f"{node.func}() takes {_a(want)}, got {_a(got)}: "
+                                     f"`{S.show(arg)}`", arg)
+        return result
+    if isinstance(node, S.GetAttr):
+        if node.attr not in GUARD_ATTRIBUTES:
+            raise GuardTypeError(f"unknown attribute `.{node.attr}` (known: "
+                                 f"{', '.join(sorted(GUARD_ATTRIBUTES))})", node)
+        got = _type(node.value, names)
+        if not _fits(got, "term"):
+            raise GuardTypeError(f"`.{node.attr}` of {_a(got)}: only a matched term has it",
+                                 node)
+        return _SIGNATURES[GUARD_ATTRIBUTES[node.attr]][1]
+    if isinstance(node, S.Index):
+        got = _type(node.value, names)
+        index = _type(node.index, names)
+        if got in (*_NUMBERS, "term") or index not in ("int", "bool", "any"):
+            raise GuardTypeError(f"cannot index {_a(got)} with {_a(index)}", node)
+        return "any"
+    if isinstance(node, S.Neg):
+        got = _type(node.operand, names)
+        if not _fits(got, "number") and got != "term":
+            raise GuardTypeError(f"cannot negate {_a(got)}", node)
+        return got if got != "bool" else "int"
+    if isinstance(node, S.Not):
+        _type(node.operand, names)
+        return "bool"
+    if isinstance(node, S.BoolOp):
+        _type(node.left, names)
+        _type(node.right, names)
+        return "bool"
+    if isinstance(node, S.BinOp | S.Compare):
+        return _binary(node, _type(node.left, names), _type(node.right, names))
+    return "any"
+
+
+def _binary(node: S.BinOp | S.Compare, a: str, b: str) -> str:
+    # a term in arithmetic stands for its constant value (GuardEval.eval)
+    a, b = ("any" if a == "term" else a), ("any" if b == "term" else b)
+    if "any" in (a, b):
+        return "bool" if isinstance(node, S.Compare) else "any"
+    op = node.op
+    if isinstance(node, S.Compare):
+        if op in ("in", "not in"):
+            ok = b == "tuple" or (a == b == "str")
+        elif op in ("==", "!="):
+            ok = True
+        else:
+            ok = (a in _NUMBERS and b in _NUMBERS) or a == b
+        if not ok:
+            raise GuardTypeError(f"`{op}` compares {_a(a)} with {_a(b)}", node)
+        return "bool"
+    if a in _NUMBERS and b in _NUMBERS:
+        return "float" if "float" in (a, b) or op == "/" else "int"
+    if op == "+" and a == b and a in ("tuple", "str"):
+        return a
+    if op == "*" and {a, b} in ({"tuple", "int"}, {"str", "int"}):
+        return a if a != "int" else b
+    raise GuardTypeError(f"`{op}` of {_a(a)} and {_a(b)}", node)
+
+
+def _a(t: str) -> str:
+    return {"int": "an int", "any": "a value", "term": "a tensor", "sized": "a tuple or str",
+            "number": "a number"}.get(t, f"a {t}")

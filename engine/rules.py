@@ -27,10 +27,15 @@ from typing import Any
 from . import syntax as S
 from .arith import ARITH
 from .errors import RuleError, RuleErrors, Where
-from .guards import DTYPE_NAMES, GUARD_FUNCTIONS
-from .ops import OpTable, default_op_table
-from .ops import CATEGORIES
-from .pattern import Compiler, Pattern, PCat, POp
+from .guards import DTYPE_NAMES, GUARD_FUNCTIONS, guard_problem
+from .ops import (
+    CATEGORIES,
+    OpTable,
+    default_op_table,
+    parse_ops,
+    with_user_ops,
+)
+from .pattern import Compiler, Pattern, PBind, PCat, POp
 from .yamlio import load_yaml
 
 KINDS = ("recognize", "decompose", "simplify", "fold", "fuse")
@@ -41,7 +46,7 @@ FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls", "outputs")
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
              "no_match", "fp_exact", "overrides", "kernel", "grow"}
-FILE_KEYS = {"rules", "kind", "doc"}
+FILE_KEYS = {"rules", "kind", "doc", "ops"}
 # Functions a replacement may use to compute attribute values.
 ATTR_FUNCS: dict[str, Any] = {
     "len": len,
@@ -90,6 +95,8 @@ class Rule:
     builtin: bool = True
     # fuse rules: the op categories a group grows into from its root's producers
     grow: tuple[str, ...] = ()
+    # the `templates/` folder beside a user's rule file, searched before the package's
+    template_dir: str | None = None
 
     @property
     def root(self) -> str:
@@ -104,6 +111,24 @@ class Rule:
 
     def __repr__(self) -> str:
         return f"<rule {self.name} @ {self.location}>"
+
+
+def _guard_names(pattern: Pattern, kind: str) -> dict[str, str]:
+    """What each name a guard may read holds (engine/guards.py: guard_problem): a
+    pattern's variables a term or an attribute value, `p` of `... as p` a term; a fuse
+    rule's `root` a term and its counts ints."""
+    names = dict.fromkeys(_pattern_vars(pattern), "any")
+    stack: list[Pattern] = [pattern]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PBind):
+            names[q.name] = "term"
+            stack.append(q.inner)
+        elif isinstance(q, POp):
+            stack.extend(q.args)
+    if kind == "fuse":
+        names.update(dict.fromkeys(FUSE_GUARD_NAMES, "int"), root="term")
+    return names
 
 
 def _pattern_vars(p: Pattern) -> set[str]:
@@ -125,9 +150,12 @@ def _pattern_vars(p: Pattern) -> set[str]:
 
 
 class RuleLoader:
-    """Loads rule files. `kernels` are the kernel kinds a fuse rule may name
+    """Loads rule files in order. `kernels` are the kernel kinds a fuse rule may name
     (kinds/registry.py: RULE_KINDS, which rulesets.py passes): the engine knows no
-    kind itself, and a fuse rule naming one not given is an error."""
+    kind itself, and a fuse rule naming one not given is an error. A user's file may
+    declare ops (`ops:`, the schema of rules/ops.yaml); they join `self.table`, which
+    this file's rules and every later file's are checked against, and which compiles
+    with them (rulesets.py)."""
 
     def __init__(self, table: OpTable | None = None,
                  kernels: Collection[str] = ()) -> None:
@@ -136,22 +164,30 @@ class RuleLoader:
 
     def load_file(self, path: Path | str, *, builtin: bool = False,
                   text: str | None = None) -> list[Rule]:
-        path_s = _display(Path(path))
+        path_s = display_path(Path(path))
         data, lines = load_yaml(path_s if text is not None else path, text=text)
         file_where = Where(path_s, 1)
-        if not isinstance(data, dict) or "rules" not in data:
-            raise RuleError("a rule file is a mapping with a `rules:` list", file_where)
+        if not isinstance(data, dict) or not ("rules" in data or "ops" in data and not builtin):
+            raise RuleError("a rule file is a mapping with a `rules:` list (a user's file may "
+                            "hold an `ops:` list instead)", file_where)
         unknown = set(data) - FILE_KEYS
         if unknown:
             raise RuleError(f"unknown top-level key(s): {', '.join(sorted(map(str, unknown)))}",
                             file_where)
+        if "ops" in data:
+            if builtin:
+                raise RuleError("the package's ops belong in rules/ops.yaml", file_where)
+            self.table = with_user_ops(self.table, parse_ops(data["ops"], path_s, lines,
+                                                             user=True))
+        template_dir = None if builtin or text is not None else \
+            Path(path).resolve().parent / "templates"
         default_kind = data.get("kind")
         if default_kind is not None and default_kind not in KINDS:
             # checked here too: a file whose rules all name their own kind, or that has
             # none, must not carry a bad one silently
             raise RuleError(f"kind must be one of {', '.join(KINDS)}, got {default_kind!r}",
                             _value_where(lines, ("kind",), Where(path_s, lines.get(("kind",), 1))))
-        items = data["rules"]
+        items = data.get("rules", [])
         if not isinstance(items, list):
             raise RuleError("`rules:` must be a list", Where(path_s, lines.get(("rules",), 1)))
         errors: list[RuleError] = []
@@ -159,7 +195,8 @@ class RuleLoader:
         for i, entry in enumerate(items):
             line = lines.get(("rules", i), 0)
             try:
-                rule = self._rule(entry, path_s, line, lines, ("rules", i), default_kind, builtin)
+                rule = self._rule(entry, path_s, line, lines, ("rules", i), default_kind,
+                                  builtin, template_dir)
             except RuleError as e:
                 errors.append(e)
                 continue
@@ -176,7 +213,8 @@ class RuleLoader:
 
     # `lines` maps a key path to its line, and ("@", *path) to the (line, col) of its value
     def _rule(self, entry: Any, file: str, line: int, lines: dict[tuple[Any, ...], Any],
-              path: tuple[Any, ...], default_kind: str | None, builtin: bool) -> Rule:
+              path: tuple[Any, ...], default_kind: str | None, builtin: bool,
+              template_dir: Path | None = None) -> Rule:
         where = Where(file, line)
         if not isinstance(entry, dict):
             raise RuleError("each rule is a mapping (name:, doc:, pattern:, ...)", where)
@@ -233,7 +271,8 @@ class RuleLoader:
         for gi, g in enumerate(guards_src):
             gwhere = _value_where(lines, path + ("where", gi), at("where"))
             g_ast = S.parse_expr(str(g), gwhere)
-            self._check_guard(g_ast, bound, Compiler(self.table, gwhere))
+            self._check_guard(g_ast, bound, Compiler(self.table, gwhere),
+                              _guard_names(pattern, kind))
             guards.append((g_ast, str(g)))
         examples = entry.get("examples")
         if not isinstance(examples, list) or not examples:
@@ -250,6 +289,7 @@ class RuleLoader:
         kernel = entry.get("kernel")
         if kind == "fuse" or kernel is not None:
             self._check_kernel(kind, kernel, at("kernel") if "kernel" in entry else where)
+        template_dir = _user_templates(kernel, template_dir)
         grow = entry.get("grow", [])
         if not isinstance(grow, list) or any(g not in CATEGORIES for g in grow):
             raise RuleError(f"`grow:` lists op categories ({', '.join(CATEGORIES)})",
@@ -260,7 +300,7 @@ class RuleLoader:
             priority=priority, fp_exact=bool(entry.get("fp_exact", True)),
             overrides=bool(entry.get("overrides", False)), kernel=kernel,
             examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
-            grow=tuple(grow),
+            grow=tuple(grow), template_dir=str(template_dir) if template_dir else None,
         )
 
     def _check_kernel(self, kind: str, kernel: Any, where: Where) -> None:
@@ -311,7 +351,8 @@ class RuleLoader:
                                      f"{', '.join(sorted(ATTR_FUNCS))})", n)
         _literal(node, compiler)
 
-    def _check_guard(self, node: S.Node, bound: set[str], compiler: Compiler) -> None:
+    def _check_guard(self, node: S.Node, bound: set[str], compiler: Compiler,
+                     names: dict[str, str]) -> None:
         for v in S.variables(node):
             if v.name not in bound and v.name not in DTYPE_NAMES:
                 raise compiler.error(f"unbound variable `{v.name}` in guard", v)
@@ -321,6 +362,9 @@ class RuleLoader:
                 raise compiler.error(f"unknown guard function {n.func!r} (known: "
                                      f"{', '.join(sorted(GUARD_FUNCTIONS))})", n)
         _literal(node, compiler)
+        problem = guard_problem(node, names)
+        if problem is not None:
+            raise compiler.error(problem.message, problem.node)
 
 
 _NOT_LITERAL = object()
@@ -356,13 +400,27 @@ def _literal(node: S.Node, compiler: Compiler) -> Any:
     return _NOT_LITERAL
 
 
+TEMPLATE_FILES = ("triton/{}.py.j2", "openmp/{}.cpp.j2")
+
+
+def _user_templates(kernel: Any, user_dir: Path | None) -> Path | None:
+    """The `templates/` folder beside a user's rule file when it holds a template of
+    the rule's kernel kind (`templates/openmp/pointwise.cpp.j2`), searched before
+    the package's when the kernel renders; None otherwise."""
+    if not isinstance(kernel, str) or user_dir is None:
+        return None
+    if any((user_dir / f.format(kernel)).is_file() for f in TEMPLATE_FILES):
+        return user_dir
+    return None
+
+
 def _value_where(lines: dict[tuple[Any, ...], Any], path: tuple[Any, ...], key: Where) -> Where:
     """Where an expression's first character sits in the file."""
     line, col = lines.get(("@",) + path, (key.line, 1))
     return Where(key.file, line, col, key.rule)
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
     """Paths in messages: relative to the package for built-in rules, else as given."""
     pkg = Path(__file__).resolve().parent.parent
     try:
@@ -371,9 +429,13 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def rule_files(path: Path) -> list[Path]:
+def rule_files(path: Path, builtin: bool = False) -> list[Path]:
+    """The rule files of a file or folder. The package's folder holds its op table,
+    `ops.yaml`, which is not one; a user's `ops.yaml` is (its `ops:` join the table,
+    engine/ops.py)."""
     if path.is_dir():
-        return sorted(p for p in path.rglob("*.yaml") if p.name != "ops.yaml")
+        return sorted(p for p in path.rglob("*.yaml")
+                      if not (builtin and p == path / "ops.yaml"))
     return [path]
 
 

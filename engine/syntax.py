@@ -186,7 +186,11 @@ def _to_ast() -> Any:
             return " ".join(str(t) for t in c)
 
         def getattr(self, meta: Any, c: list[Any]) -> Node:
-            return GetAttr(c[0], str(c[1]), **_pos(meta))
+            # at the dot, so that an error about the attribute points at it
+            name = c[1]
+            pos = {"line": name.line, "col": name.column - 1} \
+                if getattr(name, "column", None) else _pos(meta)
+            return GetAttr(c[0], str(name), **pos)
 
         def bind(self, meta: Any, c: list[Any]) -> Node:
             return Bind(c[0], str(c[1]), **_pos(meta))

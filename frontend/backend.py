@@ -85,7 +85,7 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     compiler.compile_fx compiles each graph; an inference graph that AOTAutograd
     passes through unchanged is stored in the graph cache under `key`."""
     from ..compiler import compile_fx
-    from .decompositions import decomposition_table
+    from .decompositions import decomposition_table, kept_whole
 
     values = list(example_inputs)
     returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -115,7 +115,8 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
         return compile_fx(bw_gm, bw_inputs, opts, kind="backward", pool=pool)
 
     compilers = {"fw_compiler": forward, "bw_compiler": backward,
-                 "inference_compiler": inference, "decompositions": decomposition_table(),
+                 "inference_compiler": inference,
+                 "decompositions": decomposition_table(kept_whole(opts)),
                  "partition_fn": _partition}
     if any(isinstance(x, list | tuple | dict) for x in example_inputs):
         # nested inputs: torch's helper flattens them first

@@ -15,6 +15,9 @@ import torch._decomp
 from torch._decomp import core_aten_decompositions
 
 from ..aten.bridge import overload
+from ..engine.errors import RewritecError
+from ..options import Options
+from ..rulesets import builtin_op_table, op_table_for
 
 # Outside core ATen's post-autograd list but in export's default table, which
 # adds them beside the CompositeImplicitAutograd ops (those decompose while
@@ -39,12 +42,25 @@ def _core_aten() -> dict[Any, Any]:
     return table
 
 
-@cache
-def decomposition_table() -> dict[Any, Any]:
-    from ..rulesets import builtin_op_table  # kept parsed with the rules: no YAML read
+def kept_whole(opts: Options) -> tuple[str, ...]:
+    """The ATen overloads of the ops the user's rule files declare (rulesets.py:
+    op_table_for): kept whole, as the package's are, so a user's `softplus` op sees
+    softplus and not its decomposition."""
+    if not opts.rules:
+        return ()
+    try:
+        table = op_table_for(opts)
+    except RewritecError:
+        return ()  # the broken file is reported when the graph compiles
+    return tuple(sorted(set(table.by_aten) - set(builtin_op_table().by_aten)))
 
-    table = _core_aten()
-    for name in builtin_op_table().by_aten:
+
+@cache
+def decomposition_table(keep: tuple[str, ...] = ()) -> dict[Any, Any]:
+    """AOTAutograd's decompositions, less the ops of the op table and the ATen
+    overloads `keep` (kept_whole)."""
+    table = _core_aten()  # the op table comes parsed with the rules: no YAML read
+    for name in (*builtin_op_table().by_aten, *keep):
         op = overload(name)
         table.pop(op, None)
         table.pop(op.overloadpacket, None)
@@ -53,11 +69,11 @@ def decomposition_table() -> dict[Any, Any]:
     # one index at a time per destination row, so an embedding of few rows read
     # many times (T5's relative position buckets) took longer than the rest of the
     # training step; ATen's own backward sorts the indices and sums by segment.
-    for keep in (torch.ops.aten.native_layer_norm_backward.default,
-                 torch.ops.aten._softmax_backward_data.default,
-                 torch.ops.aten.convolution_backward.default,
-                 torch.ops.aten.embedding_dense_backward.default):
-        table.pop(keep, None)
+    for whole in (torch.ops.aten.native_layer_norm_backward.default,
+                  torch.ops.aten._softmax_backward_data.default,
+                  torch.ops.aten.convolution_backward.default,
+                  torch.ops.aten.embedding_dense_backward.default):
+        table.pop(whole, None)
     # Core ATen rewrites the CPU flash-attention op into the math attention, whose
     # second output is the attention weights; the op's backward reads that output as
     # the logsumexp, so gradients came out wrong, and under autocast its dtype broke

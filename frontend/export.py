@@ -23,7 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ..compiler import compile_fx
 from ..engine.errors import RewritecError
 from ..options import Options
-from .decompositions import decomposition_table
+from .decompositions import decomposition_table, kept_whole
 
 
 class ExportedProgram:
@@ -99,7 +99,7 @@ def _compile_inference(gm: torch.fx.GraphModule, args: list[Any], opts: Options,
     with torch.no_grad():
         return aot_module_simplified(gm, args, fw_compiler=no_backward,
                                      bw_compiler=no_backward, inference_compiler=inference,
-                                     decompositions=decomposition_table())
+                                     decompositions=decomposition_table(kept_whole(opts)))
 
 
 def export_and_compile(model: torch.nn.Module, example_inputs: tuple[Any, ...],

@@ -19,6 +19,7 @@ import hashlib
 import os
 from typing import Any
 
+from ..engine.ops import OpTable
 from ..engine.term import Term
 from .kernels import TRITON_DTYPES, RenderError, _header
 from .kind import Kind
@@ -111,7 +112,8 @@ class AttentionSpace:
         return t is self.root and t.op == "attention"
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
     return render_attention(spec)
 
 

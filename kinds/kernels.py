@@ -37,7 +37,7 @@ from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .spec import KernelSpec, KInput, KOutput, size_params, static_width
-from .templates import has_template, render_template
+from .templates import TEMPLATES_DIR, has_template, render_template, template_path
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
                  "f64": "tl.float64", "b8": "tl.int1"}
@@ -100,6 +100,7 @@ def spec_of(term: Term, index: int, kind: Literal["pointwise", "row"]) -> Kernel
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
+                      template_dir=term.attr("template_dir"),
                       inputs=inputs, body=body, root=root, outputs=outputs, written=written,
                       rank=rank, replaced_ops=len(ops),
                       meta={"dim": dim, "shape": shape, "order": order, "tile": tile})
@@ -341,11 +342,12 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     return all(_operand_ok(t, a, dtypes) for a in t.args) and on_device(t, target)
 
 
-def compilable(target: str) -> Callable[[Term], bool] | None:
-    """The fuse phase's question to the target: can a kernel compute this term?"""
+def compilable(target: str, table: OpTable | None = None) -> Callable[[Term], bool] | None:
+    """The fuse phase's question to the target: can a kernel compute this term (with
+    the ops of `table`, the package's by default)?"""
     if target == "aten":
         return None
-    return lambda t: can_compile(t, target)
+    return lambda t: can_compile(t, target, table)
 
 
 def _same_place(key: str, value: Any, src: Term) -> bool:
@@ -427,7 +429,7 @@ def render(spec: KernelSpec, target: str, table: OpTable | None = None,
     the C++ compiler may call (runtime/build.py: vector_math_decls probes them)."""
     table = table or default_op_table()
     ext = "py" if target == "triton" else "cpp"
-    if not has_template(f"{target}/{spec.template}.{ext}.j2"):
+    if not has_template(f"{target}/{spec.template}.{ext}.j2", spec.template_dirs):
         raise RenderError(f"no {target} template templates/{target}/{spec.template}.{ext}.j2")
     if target == "triton":
         return _render_triton(spec, table)
@@ -454,11 +456,20 @@ def _per_row(t: Term, spec: KernelSpec) -> bool:
 
 
 def _header(spec: KernelSpec, target: str, comment: str) -> list[str]:
-    ext = "py" if target == "triton" else "cpp"
     return [f"{comment} rewritec kernel {spec.name}",
             f"{comment} rule: {spec.rule} @ {spec.location}",
-            f"{comment} template: templates/{target}/{spec.template}.{ext}.j2",
+            f"{comment} template: {template_shown(spec, target)}",
             f"{comment} replaces {spec.replaced_ops} ATen op(s)"]
+
+
+def template_shown(spec: KernelSpec, target: str) -> str:
+    """The template file behind a kernel: `templates/...` for the package's, the
+    file's path for one from a user's folder."""
+    name = f"{target}/{spec.template}.{'py' if target == 'triton' else 'cpp'}.j2"
+    path = template_path(name, spec.template_dirs)
+    if path is None or path.parent.parent == TEMPLATES_DIR:
+        return f"templates/{name}"
+    return str(path)
 
 
 def _tiled_offsets(spec: KernelSpec) -> tuple[dict[str, str], str]:
@@ -553,7 +564,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     params += ["n_elements"] if spec.kind == "pointwise" else [row_width_param(spec)]
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
-    return render_template(f"triton/{spec.template}.py.j2", header=_header(spec, "triton", "#"),
+    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
+                           header=_header(spec, "triton", "#"),
                            name=spec.name, params=params, loads=loads, stmts=stmts,
                            stores=stores, out_offset=tile_out if tiled else None,
                            tile_y=spec.meta.get("tile"), tile_x=spec.rank - 1)
@@ -616,7 +628,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
         compute = [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
         stores = [{"ptr": f"{o.name}_ptr", "value": names[t]}
                   for o, t in zip(spec.outputs, spec.written, strict=True)]
-        return render_template(f"openmp/{spec.template}.cpp.j2",
+        return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
                                header=_header(spec, "openmp", "//"), name=spec.name,
                                params=params, body=lines + compute, stores=stores,
                                rows=bool(row_lines), row_body=row_lines,
@@ -705,7 +717,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     row_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written if o.per_row]
     elem_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written
                    if t in finals]
-    return render_template(f"openmp/{spec.template}.cpp.j2", header=_header(spec, "openmp", "//"),
+    return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
+                           header=_header(spec, "openmp", "//"),
                            name=spec.name, params=params, row_steps=steps,
                            chunk=PAIRWISE_CHUNK, elem_body=out_lines, row_stores=row_stores,
                            elem_stores=elem_stores, simd_decls=simd_decls)

@@ -24,12 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..engine.ops import OpTable
 from ..engine.term import Term
 from .spec import KernelSpec
 
 Target = Literal["triton", "openmp"]
 # spec, target, the C++ vector-math declarations (runtime/build.py probes them) -> source
-Render = Callable[[KernelSpec, str, tuple[str, ...]], str]
+Render = Callable[[KernelSpec, str, tuple[str, ...], OpTable], str]
 
 
 def _same(spec: KernelSpec, target: str) -> str | None:

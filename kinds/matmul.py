@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms, static_shape
-from ..engine.ops import OpTable, default_op_table
+from ..engine.ops import OpTable
 from ..engine.term import Term
 from .kernels import (
     TRITON_DTYPES,
@@ -162,8 +162,9 @@ class MatmulSpace:
         return (m, self.shape[-1])
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
-    return render_matmul(spec, default_op_table())
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
+    return render_matmul(spec, table)
 
 
 KIND = Kind(name="matmul", doc="a half-precision matrix product and its pointwise epilogue",

@@ -8,6 +8,7 @@ NCHW written) runs as the `pointwise_tiled` variant instead (kinds/pointwise_til
 
 from __future__ import annotations
 
+from ..engine.ops import OpTable
 from ..engine.fuse import ROW_REDUCTIONS, FLOATS, broadcasts, kernel_value
 from ..engine.term import Term
 from .kernels import render, spec_of
@@ -47,8 +48,9 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
         else None
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
-    return render(spec, target, simd_decls=simd_decls)
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
+    return render(spec, target, table, simd_decls=simd_decls)
 
 
 KIND = Kind(name="pointwise", doc="one loop over the output's elements",

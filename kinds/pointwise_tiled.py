@@ -9,13 +9,15 @@ templates/triton/pointwise_tiled.py.j2.
 
 from __future__ import annotations
 
+from ..engine.ops import OpTable
 from .kernels import render
 from .kind import Kind
 from .spec import KernelSpec
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
-    return render(spec, target, simd_decls=simd_decls)
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
+    return render(spec, target, table, simd_decls=simd_decls)
 
 
 KIND = Kind(name="pointwise_tiled", doc="a pointwise kernel in 2-d tiles (a layout change)",

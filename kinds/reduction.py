@@ -372,8 +372,9 @@ class ReductionSpace:
                    for a in m.args if a in members)
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
-    return render_reduction(spec, target, simd_decls=simd_decls)
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
+    return render_reduction(spec, target, table, simd_decls=simd_decls)
 
 
 KIND = Kind(name="reduction", doc="sum/mean/amax/amin over any dims, with prologue and epilogue",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.ops import OpTable
 from ..engine.fuse import ROW_REDUCTIONS, FLOATS, kernel_value, reduced_dim
 from ..engine.term import Term
 from .kernels import render, spec_of
@@ -81,8 +82,9 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
     return "row_looped" if target == "triton" and looped(spec) else None
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
-    return render(spec, target, simd_decls=simd_decls)
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
+    return render(spec, target, table, simd_decls=simd_decls)
 
 
 KIND = Kind(name="row", doc="pointwise work around reductions along one dim, a row per program",

@@ -184,8 +184,9 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                            row_stores=[o for o in stores if o["per_row"]], elem_stores=last)
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...]) -> str:
-    return render_row_looped(spec)
+def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+            table: OpTable) -> str:
+    return render_row_looped(spec, table)
 
 
 KIND = Kind(name="row_looped", doc="a row kernel reading a row too wide for registers in chunks",

@@ -65,6 +65,12 @@ class KernelSpec:
     # Time launch configurations at each new call and keep the fastest (mode
     # max-autotune; runtime/autotune.py). Off: the launchers' heuristics alone.
     autotune: bool = False
+    # the `templates/` folder of the user's rule file, searched before the package's
+    template_dir: str | None = None
+
+    @property
+    def template_dirs(self) -> tuple[str, ...]:
+        return (self.template_dir,) if self.template_dir else ()
 
     @property
     def out_dtype(self) -> str:

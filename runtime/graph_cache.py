@@ -135,7 +135,10 @@ def _options_text(opts: Any) -> str:
     h = hashlib.sha256(repr(opts).encode())
     for given in opts.rules:  # rule files given by path: their bytes, not their names
         path = Path(given)
-        for p in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        # a folder holds its templates; a file's are in `templates/` beside it
+        beside = path.parent / "templates"
+        files = sorted(path.rglob("*")) if path.is_dir() else [path, *sorted(beside.rglob("*"))]
+        for p in files:
             h.update(str(p).encode())
             h.update(p.read_bytes() if p.is_file() else b"missing")
     return f"options {h.hexdigest()}"

@@ -21,9 +21,10 @@ from ..aten.bridge import Bridge
 from ..engine.diag import user_stacklevel
 from ..engine.errors import CompileError
 from ..engine.fuse import body_terms, kernel_outputs
+from ..engine.ops import OpTable
 from ..engine.term import Graph, Term, TermStore, rebuild
 from ..kinds import registry
-from ..kinds.kernels import RenderError
+from ..kinds.kernels import RenderError, template_shown
 from ..kinds.spec import KernelSpec
 from . import ahead
 from .build import CACHE_HITS, BudgetSpent, BuildError, budget, vector_math_decls
@@ -90,6 +91,8 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
              warn: Callable[[str], None] | None, contract: bool,
              budget_s: float | None, autotune: bool = False) -> Prepared:
     prepared = Prepared(graph)
+    bridge = bridge or Bridge()
+    table = bridge.table  # the compilation's ops: the package's and the user's
     failed: dict[Term, tuple[Term, ...]] = {}
     order = graph.terms()
     spent: list[str] = []  # the kernels left when the budget ran out
@@ -105,10 +108,10 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             prepared.failures.append(_failure(t, target, "the compile budget is spent"))
             continue
         try:
-            spec, source, launcher_name = _render(t, index, target)
+            spec, source, launcher_name = _render(t, index, target, table)
             spec.autotune = autotune and target == "triton"
             recipe = KernelRecipe(target, source, launcher_name, contract)
-            launcher, path = recipe.build(spec, aten_body(t, bridge or Bridge()))
+            launcher, path = recipe.build(spec, aten_body(t, bridge))
         except BudgetSpent as e:
             if strict:
                 raise CompileError(f"rewritec: graph {name}: {e}") from None
@@ -136,7 +139,8 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             copy.write_text(source)
             path = copy
         prepared.records.append({"name": spec.name, "target": target, "source": str(path),
-                                 "rules": [spec.rule], "template": f"{target}/{spec.template}",
+                                 "rules": [spec.rule],
+                                 "template": _template_record(spec, target),
                                  "replaced_ops": spec.replaced_ops,
                                  "outputs": len(spec.outputs),
                                  "ops": body_ops(spec),
@@ -162,6 +166,12 @@ def _failure(kernel: Term, target: str, error: str) -> dict[str, Any]:
             "ops": dict(ops)}
 
 
+def _template_record(spec: KernelSpec, target: str) -> str:
+    """report.json's `template`: `target/name`, or the file of a user's template."""
+    shown = template_shown(spec, target)
+    return f"{target}/{spec.template}" if shown.startswith("templates/") else shown
+
+
 def body_ops(spec: KernelSpec) -> dict[str, int]:
     """op-table name -> how many of it the kernel computes: what `coverage`
     (coverage.py) counts inside kernels."""
@@ -169,7 +179,7 @@ def body_ops(spec: KernelSpec) -> dict[str, int]:
     return dict(sorted(ops.items()))
 
 
-def _render(term: Term, index: int, target: str) -> tuple[KernelSpec, str, str]:
+def _render(term: Term, index: int, target: str, table: OpTable) -> tuple[KernelSpec, str, str]:
     """A kernel term's spec, its source for `target` and its launcher's name, all
     from the kind it names (kinds/registry.py; a variant, which the variants pass
     chose, takes its spec from its base kind)."""
@@ -179,7 +189,7 @@ def _render(term: Term, index: int, target: str) -> tuple[KernelSpec, str, str]:
         raise RenderError(f"no {target} template for {kind.name}")
     spec = base.spec(term, index)
     simd = vector_math_decls() if target == "openmp" else ()
-    return spec, kind.render(spec, target, simd), kind.launchers[target]
+    return spec, kind.render(spec, target, simd, table), kind.launchers[target]
 
 
 def inline_body(kernel: Term, store: TermStore) -> tuple[Term, ...]:

@@ -4,12 +4,15 @@
 error text, paths relative to the repository root (see bad_rules/README.md).
 Two mechanisms produce that text, both in-process:
 
-- load errors (every case but `loop_*` and `unsound_*`): the message of the
-  `RuleError`/`RuleErrors` raised by `RuleLoader(kernels=RULE_KINDS).load_file(path)`,
-  which is also what `rewritec ...` prints after `rewritec: error: ` (exit 2);
+- load errors (every case but `loop_*`, `unsound_*` and `wrong_op_*`): the message
+  of the `RuleError`/`RuleErrors` raised by `rulesets.load_rule_files([path])`
+  (the loader, and the check of a user's templates, which sit in
+  `bad_rules/templates/`), which is also what `rewritec ...` prints after
+  `rewritec: error: ` (exit 2);
 - rule-check problems (`loop_*`, `unsound_*`): the files load, and the
   problem lines of `rewritec rules check --rules PATH` for the file's own
-  rules (`FILE:LINE: [rule] problem`, without the indentation) show why.
+  rules (`FILE:LINE: [rule] problem`, without the indentation) show why;
+  for a user op (`wrong_op_*`), the problem lines of its comparison with ATen.
 
 `REGEN=1 pytest tests/test_bad_rules.py` rewrites the .expected files from
 what rewritec prints now, except for the xfail cases below: their .expected
@@ -22,6 +25,7 @@ RewritecWarning naming the file (and rule), and results equal eager.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -39,12 +43,13 @@ from rewritec.engine.errors import RuleError, RuleErrors
 from rewritec.engine.rules import RuleLoader
 from rewritec.kinds.registry import RULE_KINDS
 from rewritec.rulecheck import rule_report
-from rewritec.rulesets import builtin_rules
+from rewritec.opcheck import check_ops
+from rewritec.rulesets import builtin_rules, load_rule_files, user_ops
 
 BAD_DIR = Path(__file__).resolve().parent / "bad_rules"
 REPO_ROOT = BAD_DIR.parent.parent
 CASES = sorted(p.stem for p in BAD_DIR.glob("*.yaml"))
-CHECKED = ("loop_", "unsound_")  # found by running examples, not by loading
+CHECKED = ("loop_", "unsound_", "wrong_op_")  # found by running examples, not by loading
 REGEN = os.environ.get("REGEN", "") not in ("", "0")
 
 # Cases whose .expected is the message rewritec should give but does not yet,
@@ -80,12 +85,24 @@ def _check_problems(path: Path) -> str:
     return "\n".join(lines) or "(rules check finds no problem)"
 
 
+def _op_problems(path: Path) -> str:
+    """The problem lines `rewritec rules check --rules PATH` prints for the file's ops."""
+    _, table = load_rule_files([path])
+    out = io.StringIO()
+    check_ops(user_ops(table), table, list(builtin_rules()), out)
+    lines = [line.strip() for line in out.getvalue().splitlines()
+             if line.startswith("     ")]
+    return "\n".join(lines) or "(rules check finds no problem)"
+
+
 def produce(name: str) -> str:
     path = BAD_DIR / f"{name}.yaml"
+    if name.startswith("wrong_op_"):
+        return _norm(_op_problems(path))
     if name.startswith(CHECKED):
         return _norm(_check_problems(path))
     try:
-        RuleLoader(kernels=RULE_KINDS).load_file(path)
+        load_rule_files([path])
     except (RuleError, RuleErrors) as e:
         return _norm(str(e))
     return "(the file loads without an error)"
@@ -121,11 +138,16 @@ def test_expected_names_file_line_and_rule(name: str) -> None:
     """Each golden line starts with `tests/bad_rules/NAME.yaml:LINE`; where the
     rule's name is valid, `[name]` follows."""
     for line in (BAD_DIR / f"{name}.expected").read_text().rstrip("\n").splitlines():
-        assert re.match(rf"{re.escape(_rel(name))}:\d+(:\d+)?: ", line), line
+        # a template's problem is at its line in the template, naming the rule's file
+        if name.startswith("template_"):
+            assert re.match(r"tests/bad_rules/templates/\S+:\d+: ", line), line
+            assert _rel(name) in line, line
+        else:
+            assert re.match(rf"{re.escape(_rel(name))}:\d+(:\d+)?: ", line), line
         # errors about the file, not a rule: YAML syntax and structure, the file's kind
         if not name.startswith(("yaml_bad_indent", "yaml_tab", "yaml_unclosed", "yaml_alias",
                                 "yaml_deep", "bad_name", "file_")):
-            assert re.match(r"\S+: \[[a-z][a-z0-9-]*\] ", line), line
+            assert re.match(r"\S+: \[[a-z][a-z0-9_-]*\] ", line), line
 
 
 def _tiny(x: torch.Tensor) -> torch.Tensor:
@@ -190,10 +212,11 @@ def test_snake_case_rule_name_loads_and_fires(tmp_path: Path) -> None:
 
 
 def test_python_tag_runs_nothing() -> None:
-    """The python-tag files name a command; loading them must never run it."""
+    """The python-tag files and the Python in an op's expression name a command;
+    loading them must never run it."""
     marker = Path("/tmp/rewritec_pwned")
     marker.unlink(missing_ok=True)
-    for name in ("yaml_python_tag", "yaml_python_name_tag"):
+    for name in ("yaml_python_tag", "yaml_python_name_tag", "op_triton_python"):
         with pytest.raises((RuleError, RuleErrors)):
             RuleLoader(kernels=RULE_KINDS).load_file(BAD_DIR / f"{name}.yaml")
     assert not marker.exists()

@@ -1,8 +1,8 @@
 """The import contract: each layer imports only the layers below it.
 
     engine/ <- options, report, coverage <- aten/ <- passes/, kinds/ <- runtime/
-    <- htmlreport/ <- rulecheck <- rulesets <- compiler <- frontend/ <- explain, testing
-    <- cli
+    <- htmlreport/ <- rulecheck, opcheck <- rulesets <- compiler <- frontend/ <- explain,
+    testing <- cli
 
 Every import counts, one inside a function too: a function-level import may save
 start-up time, never dodge a cycle.
@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"passes", "kinds"},
     {"runtime"},
     {"htmlreport"},
-    {"rulecheck"},
+    {"rulecheck", "opcheck"},
     {"rulesets"},
     {"compiler"},
     {"frontend"},
