@@ -239,6 +239,16 @@ def test_auto_threshold_counts_launches_and_products() -> None:
     assert auto_declines(*many) is None
 
 
+@pytest.fixture(autouse=True)
+def _no_graph_outputs_of_earlier_tests() -> None:
+    """The runners remember the storages their graphs return, process-wide; one an
+    earlier test's graph returned may be where the CPU allocator puts a tensor here,
+    which would then be read in place and change what these tests count."""
+    from rewritec.runtime import cudagraphs
+
+    cudagraphs._GRAPH_OUTPUTS.clear()
+
+
 def _training_pair():
     """A forward and a backward runner sharing a pool, as compile_fx makes them for
     one training graph: forward (x, w) -> (loss, saved), backward (saved, g) -> dw."""

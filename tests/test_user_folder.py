@@ -113,7 +113,10 @@ def _chmod(root: Path, writable: bool) -> None:
 def _compile(site: Path, work: Path, rules: Path, device: str,
              env: dict[str, str] | None = None) -> dict:
     (work / "t.py").write_text(SCRIPT)
-    full = {**os.environ, "PYTHONPATH": str(site), "DEVICE": device, **(env or {})}
+    # the install first, so `rewritec` is the read-only copy; what the path held
+    # before stays after it (where a machine keeps lark or jinja2, say)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    full = {**os.environ, "PYTHONPATH": path, "DEVICE": device, **(env or {})}
     res = subprocess.run([sys.executable, "-m", "rewritec.cli", "compile", "t.py",
                           "--rules", str(rules), "--device", device], cwd=work,
                          env=full, capture_output=True, text=True, timeout=300, check=False)
