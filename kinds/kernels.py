@@ -436,6 +436,13 @@ def render(spec: KernelSpec, target: str, table: OpTable | None = None,
     return _render_cpp(spec, table, simd_decls)
 
 
+def render_kind(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+                table: OpTable) -> str:
+    """`render` in a Kind's argument order: the render step of the kinds whose
+    sources are written here (pointwise and row)."""
+    return render(spec, target, table, simd_decls=simd_decls)
+
+
 def _names(spec: KernelSpec) -> dict[Term, str]:
     names: dict[Term, str] = {}
     for t in spec.body:

@@ -8,10 +8,9 @@ NCHW written) runs as the `pointwise_tiled` variant instead (kinds/pointwise_til
 
 from __future__ import annotations
 
-from ..engine.ops import OpTable
 from ..engine.fuse import ROW_REDUCTIONS, FLOATS, broadcasts, kernel_value
 from ..engine.term import Term
-from .kernels import render, spec_of
+from .kernels import render_kind, spec_of
 from .kind import Kind
 from .spec import KernelSpec
 
@@ -48,11 +47,6 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
         else None
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
-            table: OpTable) -> str:
-    return render(spec, target, table, simd_decls=simd_decls)
-
-
 KIND = Kind(name="pointwise", doc="one loop over the output's elements",
-            space=PointwiseSpace, spec=_spec, variant=_variant, render=_render,
+            space=PointwiseSpace, spec=_spec, variant=_variant, render=render_kind,
             launchers={"triton": "TritonLauncher", "openmp": "CppLauncher"})

@@ -9,16 +9,9 @@ templates/triton/pointwise_tiled.py.j2.
 
 from __future__ import annotations
 
-from ..engine.ops import OpTable
-from .kernels import render
+from .kernels import render_kind
 from .kind import Kind
-from .spec import KernelSpec
-
-
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
-            table: OpTable) -> str:
-    return render(spec, target, table, simd_decls=simd_decls)
 
 
 KIND = Kind(name="pointwise_tiled", doc="a pointwise kernel in 2-d tiles (a layout change)",
-            base="pointwise", render=_render, launchers={"triton": "TiledTritonLauncher"})
+            base="pointwise", render=render_kind, launchers={"triton": "TiledTritonLauncher"})

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.ops import OpTable
 from ..engine.fuse import ROW_REDUCTIONS, FLOATS, kernel_value, reduced_dim
 from ..engine.term import Term
-from .kernels import render, spec_of
+from .kernels import render_kind, spec_of
 from .kind import Kind
 from .row_looped import looped
 from .spec import KernelSpec
@@ -82,11 +81,6 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
     return "row_looped" if target == "triton" and looped(spec) else None
 
 
-def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
-            table: OpTable) -> str:
-    return render(spec, target, table, simd_decls=simd_decls)
-
-
 KIND = Kind(name="row", doc="pointwise work around reductions along one dim, a row per program",
-            space=RowSpace, spec=_spec, variant=_variant, render=_render,
+            space=RowSpace, spec=_spec, variant=_variant, render=render_kind,
             launchers={"triton": "RowTritonLauncher", "openmp": "CppLauncher"})

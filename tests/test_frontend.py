@@ -318,7 +318,8 @@ def test_out_dir_receives_captured_final_and_wrapper(tmp_path: Path) -> None:
         out.sum().backward()
     torch.testing.assert_close(out, F.gelu(x) * 2 + 1)
     for r in report.RECORDS:
-        assert set(r.files) == {"captured", "final", "wrapper"}, r.files
+        # details: what report.html is rebuilt from (`rewritec report DIR`)
+        assert set(r.files) == {"captured", "final", "wrapper", "details"}, r.files
         for key, path in r.files.items():
             p = Path(path)
             assert p.is_file() and p.parent == tmp_path, path

@@ -115,7 +115,7 @@ def test_a_kernel_that_fails_to_build_is_the_reason_given(tmp_path: Path, monkey
     from rewritec.kinds.kernels import RenderError
     from rewritec.runtime import prepare
 
-    def broken(term, index, target):
+    def broken(*args, **kwargs):  # whatever prepare._render takes
         raise RenderError("no template today")
 
     monkeypatch.setattr(prepare, "_render", broken)
