@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from .model_zoo import BY_NAME, Built
-from .models import device_slug, dynamo_counts, environment_common
+from .models import (clear_rewritec_records, device_slug, dynamo_counts,
+                     environment_common, release)
 from .run import RESULTS_DIR, rewritec_backend
 
 MODELS = ("gpt2", "llama")
@@ -149,22 +150,13 @@ def _run_backend(built: Built, wrapper: str, backend: str, args: argparse.Namesp
             "peak_mb": max(peaks) if peaks[0] is not None else None, "path": path}
 
 
-def _reset_between_backends() -> None:
-    import gc
-
-    torch._dynamo.reset()
+def _reset_between_backends(device: torch.device) -> None:
+    """What one backend leaves behind: compiled code, memory, records and counters."""
     from torch._dynamo.utils import counters
 
-    counters.clear()
-    try:
-        from rewritec import report
-
-        report.reset()
-    except ImportError:
-        pass
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release(device)
+    counters.clear()  # `path` counts this backend's graphs and breaks only
+    clear_rewritec_records()
 
 
 def _worker(rank: int, world: int, port: int, model_name: str, wrapper: str,
@@ -180,7 +172,7 @@ def _worker(rank: int, world: int, port: int, model_name: str, wrapper: str,
     rows = []
     try:
         for backend in args.backends:
-            _reset_between_backends()
+            _reset_between_backends(device)
             torch.manual_seed(0)  # the same weights for every backend and rank
             built = BY_NAME[model_name].build(args.tiny)
             try:
