@@ -108,9 +108,10 @@ def _drop_wildcards(node: S.Node) -> S.Node:
 
 
 def build_example(rule: Rule, example: dict[str, Any], seed: int = 0,
-                  table: OpTable | None = None) -> tuple[Graph, TermStore, Bridge, list[Any]]:
-    """The example's term graph, its store and bridge, and its input values; `table`
-    holds the ops it may use (the package's, and a user's)."""
+                  table: OpTable | None = None, device: str = "cpu",
+                  ) -> tuple[Graph, TermStore, Bridge, list[Any]]:
+    """The example's term graph, its store and bridge, and its input values on
+    `device`; `table` holds the ops it may use (the package's, and a user's)."""
     gen = torch.Generator().manual_seed(seed)
     src = example.get("expr", rule.pattern_src)
     ast = _drop_wildcards(S.parse_expr(str(src), rule.where))
@@ -123,6 +124,8 @@ def build_example(rule: Rule, example: dict[str, Any], seed: int = 0,
         if name == "expr":
             continue
         value = make_value(spec, gen)
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
         if isinstance(value, _Const):
             env[name] = tensor_term(store, bridge, value.value, name)
         elif isinstance(value, torch.Tensor):
@@ -162,12 +165,22 @@ def example_target(rule: Rule | None = None) -> str:
     return "openmp"
 
 
+def example_device(target: str) -> str:
+    """Where an example's values live: Triton kernels run on the GPU unless Triton
+    interprets them on the CPU (TRITON_INTERPRET=1)."""
+    if target == "triton" and os.environ.get("TRITON_INTERPRET") != "1" \
+            and torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
 def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
                 expect_fire: bool = True, table: OpTable | None = None) -> ExampleResult:
     """Rewrite the example with `rule` alone; compare with the unrewritten graph.
     A fuse rule's kernels are generated, built and run for `example_target()`."""
-    graph, store, bridge, values = build_example(rule, example, seed=index, table=table)
     target = example_target(rule)
+    graph, store, bridge, values = build_example(rule, example, seed=index, table=table,
+                                                 device=example_device(target))
     try:
         result = run_pipeline(graph, store, [rule], table=bridge.table,
                               folder=make_folder(store, bridge), is_frozen=is_frozen,
