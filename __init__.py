@@ -31,4 +31,12 @@ def compile(model: Any, **options: Any) -> Any:  # noqa: A001 - mirrors torch.co
     return compile_model(model, **options)
 
 
-__all__ = ["compile", "__version__"]
+def write_profiles() -> None:
+    """Write the times measured so far with the `profile` option into report.json and
+    report.html of each `out_dir` (done anyway when the process exits)."""
+    from .compiler import write_profiles as write
+
+    write()
+
+
+__all__ = ["compile", "write_profiles", "__version__"]

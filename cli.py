@@ -1,6 +1,6 @@
 """The `rewritec` command line.
 
-    rewritec compile SCRIPT [--out DIR] [--device cpu|cuda] [--rules PATH]...
+    rewritec compile SCRIPT [--out DIR] [--device cpu|cuda] [--rules PATH]... [--profile]
     rewritec explain SCRIPT --rule NAME
     rewritec report DIR
     rewritec rules list | check | test [--rules PATH]...
@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--strict", action="store_true", help="turn every fallback into an error")
     c.add_argument("--fast-math", action="store_true",
                    help="also apply rules that are exact over the reals but not under inf/nan")
+    c.add_argument("--profile", action="store_true",
+                   help="time each kernel and ATen call of the compiled graphs' calls "
+                        "(report.json, report.html, and a top-10 table)")
     c.add_argument("--quiet", action="store_true", help="no summary table")
     common(c)
 
@@ -92,11 +95,13 @@ def _reader_left() -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import report
+    from .compiler import PROFILED
     from .frontend.script import compile_ahead_of_time, run_script
     from .options import Options
 
     options: dict[str, Any] = {"out_dir": args.out, "rules": tuple(args.rules),
-                               "strict": args.strict, "fast_math": args.fast_math}
+                               "strict": args.strict, "fast_math": args.fast_math,
+                               "profile": args.profile}
     if args.device:
         options["device"] = args.device
     if args.target:
@@ -128,8 +133,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return _fail(f"cannot write {out / 'report.json'}: {e.strerror or e}")
     except ReportPageError as e:
         return _fail(str(e))
+    PROFILED.clear()  # the times are in the report just written: none to write at exit
     if not args.quiet:
         print(report.summary_table(report.RECORDS))
+        times = report.profile_table(data["graphs"])
+        if times:
+            print(f"\n{times}")
         print(f"\nartifacts: {out}{os.sep} (report.json, report.html, captured/final graphs, "
               "generated code)")
     return 0

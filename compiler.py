@@ -10,10 +10,13 @@ back to running the captured FX graph eagerly, with a warning naming why
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
 import operator
+import os
+import sys
 import time
 import warnings
 from collections import Counter
@@ -44,6 +47,7 @@ from .kinds.registry import SPACES
 from .kinds.variants import variants_for
 from .options import Options
 from .rulesets import op_table_for, ruleset_for
+from .runtime.profile import GraphProfile, timer_for
 from .runtime.wrapper import callable_label, lower
 
 if TYPE_CHECKING:
@@ -150,6 +154,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         warnings.warn(f"rewritec: graph {name} falls back to eager ATen: {reason}",
                       RewritecWarning, stacklevel=user_stacklevel())
         rec.status, rec.reason = "fallback", reason
+        rec.profile = None  # the captured graph runs untimed
         runs = parts.get("regional", gm)  # its compiled regions, if it got that far
         rec.fallback_ops = fx_ops(runs)
         fn = _boxed(runs.forward)
@@ -173,10 +178,12 @@ def _compile_region(opts: Options, sub: torch.fx.GraphModule, example_inputs: li
     return Region(name, fn, report.RECORDS[first])  # compile_fx records its graph first
 
 
-def _update_report(opts: Options, rec: report.GraphRecord) -> None:
+def _update_report(opts: Options, rec: report.GraphRecord | None) -> None:
     """Rewrite out_dir/report.json and report.html with this graph added
-    (docs/report.md). A report that cannot be written does not stop a graph that
-    compiled."""
+    (docs/report.md), or as they are with `rec` None. A report that cannot be
+    written does not stop a graph that compiled."""
+    if rec is not None and rec.profile is not None:
+        _profiled(opts)
     options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
     try:
         report.record_in_out_dir(str(opts.out_dir), rec, options)
@@ -188,12 +195,43 @@ def _update_report(opts: Options, rec: report.GraphRecord) -> None:
         warnings.warn(f"rewritec: {e}", RewritecWarning, stacklevel=user_stacklevel())
 
 
+# out_dir -> the options of its latest profiled graph. Its times come after the
+# compilation, as the graph is called: the report is written again at exit.
+PROFILED: dict[str, Options] = {}
+
+
+def _profiled(opts: Options) -> None:
+    if not PROFILED:
+        atexit.register(_write_profiles_at_exit)
+    PROFILED[str(opts.out_dir)] = opts
+
+
+def _write_profiles_at_exit() -> None:
+    try:
+        write_profiles()
+    except Exception as e:  # noqa: BLE001 - a process that ends says why in one line
+        print(f"rewritec: the measured times were not written: {type(e).__name__}: {e}",
+              file=sys.stderr)
+
+
+def write_profiles() -> None:
+    """Rewrite report.json and report.html of every out_dir holding a profiled graph
+    with the times measured so far (`rewritec.write_profiles()`; also at exit)."""
+    for out_dir, opts in list(PROFILED.items()):
+        if not report.OUT_DIR_RECORDS.get(os.path.abspath(out_dir)):
+            continue  # its records were reset: nothing of this process to write
+        _update_report(opts, None)
+
+
 def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list[bool] | None,
                       opts: Options, rec: report.GraphRecord, pool: Any = None,
                       regions: list[Region] | None = None) -> Any:
     """Wrap a graph for CUDA-graph replay (runtime/cudagraphs.py); the runner itself
     falls back to `fn` for CPU arguments or a failed capture."""
     if opts.cudagraphs == "off" or not torch.cuda.is_available():
+        return fn
+    if rec.profile is not None:  # a replay would hide each launch from its timer
+        rec.cudagraphs = "off: profile (each launch is timed)"
         return fn
     from .runtime.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
 
@@ -321,13 +359,17 @@ def choose_target(opts: Options, graph: Graph) -> str:
         return opts.target
     device = opts.device
     if device is None:
-        devices = {t.meta.device.split(":")[0] for t in graph.terms() if t.meta.kind == "tensor"}
-        device = "cuda" if "cuda" in devices else "cpu"
+        device = "cuda" if "cuda" in graph_devices(graph) else "cpu"
     if device == "cuda":
         return "triton"
     from .runtime.build import cxx
 
     return "openmp" if cxx() else "aten"
+
+
+def graph_devices(graph: Graph) -> set[str]:
+    """The device types of the graph's tensors (`cpu`, `cuda`)."""
+    return {t.meta.device.split(":")[0] for t in graph.terms() if t.meta.kind == "tensor"}
 
 
 def _boxed(fn: Any) -> Any:
@@ -397,8 +439,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     if prepared is not None:
         graph, launchers = prepared.graph, prepared.launchers
     clock = time.perf_counter()
+    rec.profile = GraphProfile(timer_for(graph_devices(graph))) if opts.profile else None
     lowered = lower(graph, bridge, name, rules=sorted(rec.rules_fired), clone_outputs=clones,
-                    launchers=launchers)
+                    launchers=launchers, profile=rec.profile)
     rec.phase_seconds["lower"] = time.perf_counter() - clock
     rec.fallback_ops.update(lowered.fallback_ops)
     rec.fallback_ops.pop(REGION_CALL, None)

@@ -33,7 +33,7 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 DEVICES = (None, "cpu", "cuda")
 # Options whose value is True or False, nothing else: strict="no" is not off.
-BOOL_OPTIONS = ("strict", "freeze", "rewrite", "fast_math", "graph_cache")
+BOOL_OPTIONS = ("strict", "freeze", "rewrite", "fast_math", "graph_cache", "profile")
 DEBUG_LEVELS = range(4)
 
 
@@ -110,6 +110,10 @@ class Options:
     # rule came to firing, or for a fuse rule why its groups did not form
     # (report.EXPLANATIONS). A graph-cache load would watch nothing, so it is skipped.
     explain: str | None = None
+    # Time every kernel launch and ATen call of the compiled graphs' calls
+    # (runtime/profile.py) into report.json's `profile` and report.html. Profiled
+    # graphs skip the graph cache and CUDA-graph replay: each launch is timed.
+    profile: bool = False
 
     @property
     def autotune(self) -> bool:

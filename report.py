@@ -14,7 +14,7 @@ import json
 import os
 import secrets
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +49,13 @@ class GraphRecord:
     # listed are those of the compilation that stored it.
     cached: bool = False
     files: dict[str, str] = field(default_factory=dict)
+    # The `profile` option's timings (runtime/profile.py: GraphProfile), filled in as
+    # the graph is called: report.json shows them as of its writing.
+    profile: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, profile=None))  # the profile's to_json, not a deep copy
+        d["profile"] = self.profile.to_json() if self.profile is not None else None
         d["rules_fired"] = dict(self.rules_fired)
         d["fallback_ops"] = dict(self.fallback_ops)
         aten_ops = sum(self.fallback_ops.values())
@@ -126,11 +130,11 @@ def write_report(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
         raise
 
 
-def record_in_out_dir(out_dir: str, rec: GraphRecord, options: dict[str, Any]) -> None:
-    """Add `rec` to the graphs of `out_dir` and rewrite its report.json."""
+def record_in_out_dir(out_dir: str, rec: GraphRecord | None, options: dict[str, Any]) -> None:
+    """Add `rec` (if any) to the graphs of `out_dir` and rewrite its report.json."""
     key = os.path.abspath(out_dir)
     records = OUT_DIR_RECORDS.setdefault(key, [])
-    if rec not in records:
+    if rec is not None and rec not in records:
         records.append(rec)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_report(Path(out_dir) / "report.json", report_data(records, options=options))
@@ -192,3 +196,29 @@ def summary_table(records: list[GraphRecord]) -> str:
         if r.status == "fallback":
             lines.append(f"fallback: {r.name}: {r.reason}")
     return "\n".join(lines)
+
+
+def profile_table(graphs: list[dict[str, Any]], n: int = 10) -> str | None:
+    """The `n` kernels and ATen calls that took longest, over every graph's
+    `profile` (report.json's form); None when nothing was measured."""
+    rows = [(g["name"], kind, name, e) for g in graphs if g.get("profile")
+            for kind, key in (("kernel", "kernels"), ("ATen", "aten"))
+            for name, e in g["profile"][key].items()]
+    if not rows:
+        return None
+    rows.sort(key=lambda r: -r[3]["total_s"])
+    table = [("graph", "", "kernel or op", "calls", "total ms", "median us", "first ms",
+              "of graph")]
+    for graph, kind, name, e in rows[:n]:
+        median = "-" if e["median_s"] is None else f"{1e6 * e['median_s']:.1f}"
+        first = "-" if e["first_s"] is None else f"{1e3 * e['first_s']:.3f}"
+        share = "-" if e["share"] is None else f"{100 * e['share']:.1f}%"
+        table.append((graph, kind, name, str(e["calls"]), f"{1e3 * e['total_s']:.3f}",
+                      median, first, share))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.rjust(w) if i >= 3 else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return (f"top {min(n, len(rows))} by measured time (first: the first call, which "
+            "loads or compiles the kernel; of graph: share of its measured time)\n"
+            + "\n".join(lines))

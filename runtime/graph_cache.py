@@ -85,7 +85,8 @@ class Artifact:
 def key_for(gm: torch.fx.GraphModule, inputs: list[Any], params: list[bool],
             opts: Any) -> str | None:
     """The entry's key for this Dynamo graph and its inputs, or None (not cached)."""
-    if not opts.graph_cache or opts.debug or opts.out_dir or opts.explain or _stats_on():
+    if (not opts.graph_cache or opts.debug or opts.out_dir or opts.explain or opts.profile
+            or _stats_on()):
         return None
     try:
         _check_modes(inputs)

@@ -20,8 +20,10 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..aten.bridge import Bridge, Opaque, Slot
+from ..aten.regions import CALL_LABEL as REGION_CALL
 from ..engine.term import Graph, Term
 from ..kinds.templates import render_template
+from . import profile as timing
 from .namespace import namespace
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -163,12 +165,25 @@ def callable_label(fn: Any) -> str:
     return f"{'operator' if module == '_operator' else module}.{name}"
 
 
+def timed(profile: timing.GraphProfile | None, slot: timing.Slot | None, line: str
+          ) -> list[str]:
+    """`line`, between the profile's clock reads when `slot` is to be timed."""
+    if profile is None or slot is None:
+        return [line]
+    return ["_t = _start()", line, f"_stop({profile.slot(slot)}, _t)"]
+
+
 def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
           launchers: dict[Term, Any] | None = None,
-          clone_outputs: set[int] | None = None) -> Lowered:
+          clone_outputs: set[int] | None = None,
+          profile: timing.GraphProfile | None = None) -> Lowered:
     """Render the wrapper for `graph`. `launchers` maps each `kernel` term to the
-    launcher of its generated kernel (runtime/launch.py)."""
+    launcher of its generated kernel (runtime/launch.py). With `profile`, each
+    launch, each ATen call and the whole call are timed into it (runtime/profile.py);
+    without, the wrapper has no timing line at all."""
     em = Emitter()
+    if profile is not None:
+        em.globals["_start"], em.globals["_stop"] = profile.functions()
     launchers = launchers or {}
     order = [t for t in graph.terms() if t.op not in ("const", "tensor")]
     for t in graph.inputs:
@@ -192,11 +207,16 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
         if t in launchers:
             kernel = em.bind(launchers[t], "_k")
             args = ", ".join(em.value(a) for a in t.args)
-            body.append(f"{em.names[t]} = {kernel}({args})  # {launchers[t].spec.name}")
-        else:
+            line = f"{em.names[t]} = {kernel}({args})  # {launchers[t].spec.name}"
+            body += timed(profile, timing.Slot("kernel", launchers[t].spec.name, t.uid), line)
+        elif t.op == "getitem":
             body.append(aten_line(em, bridge, t, em.names[t]))
-            if t.op != "getitem":
-                fallback[op_label(bridge, t)] += 1
+        else:
+            label = op_label(bridge, t)
+            fallback[label] += 1
+            # a region's calls are timed in the region's own graph
+            slot = None if label == REGION_CALL else timing.Slot("aten", label, t.uid)
+            body += timed(profile, slot, aten_line(em, bridge, t, em.names[t]))
         # inputs too: the wrapper holds the only reference once `args` is cleared (a
         # backward's saved activations go as soon as they are read)
         dead = [a for a in reads[t] if last_use.get(a) == i and a not in keep
@@ -211,10 +231,14 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
             outs.append(f"{em.value(o)}.clone()")
         else:
             outs.append(em.value(o))
+    epilogue: list[str] = []
+    if profile is not None:  # slot 0: the whole call
+        body, epilogue = ["_t0 = _start()", *body], ["_stop(0, _t0)"]
     source = render_template(
         "wrapper.py.j2", graph_name=name, rules=rules or [],
         kernels=[launcher.spec.name for launcher in launchers.values()],
-        inputs=[em.names[t] for t in graph.inputs], body=body, outputs=outs)
+        inputs=[em.names[t] for t in graph.inputs], body=body,
+        epilogue=epilogue, outputs=outs)
     namespace = dict(em.globals)
     exec(compile(source, f"<rewritec wrapper {name}>", "exec"), namespace)  # noqa: S102
     return Lowered(source, namespace["call"], fallback, em.globals)
