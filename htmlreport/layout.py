@@ -107,6 +107,8 @@ def tooltip(n: dict[str, Any]) -> str:
         parts.append(n["rule"])
     if n.get("fallback"):
         parts.append(f"ATen: {n['fallback']}")
+    if n.get("time"):
+        parts.append(f"time: {n['time']}")
     return "\n".join(parts)
 
 

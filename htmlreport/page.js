@@ -38,8 +38,27 @@
     if (n.kernel) lines.push("kernel " + n.kernel);
     if (n.rule) lines.push(n.rule);
     if (n.fallback) lines.push("runs through ATen: " + n.fallback);
+    if (n.time) lines.push("time: " + n.time);
     return lines.join("\n");
   }
+
+  // a time table sorts by the column clicked: numbers largest first, text A to Z
+  document.querySelectorAll("table.sortable").forEach(function (table) {
+    table.querySelectorAll("th").forEach(function (th, col) {
+      th.addEventListener("click", function () {
+        var body = table.tBodies[0];
+        var numeric = th.dataset.sort === "num";
+        var rows = Array.prototype.slice.call(body.rows);
+        rows.sort(function (a, b) {
+          var x = a.cells[col], y = b.cells[col];
+          if (numeric) return parseFloat(y.dataset.v) - parseFloat(x.dataset.v);
+          return x.textContent.localeCompare(y.textContent);
+        });
+        rows.forEach(function (row) { body.appendChild(row); });
+        table.querySelectorAll("th").forEach(function (h) { h.classList.toggle("sorted", h === th); });
+      });
+    });
+  });
 
   document.addEventListener("click", function (event) {
     var el = event.target.closest ? event.target.closest("g.node, tr.node-row") : null;

@@ -64,7 +64,8 @@ def build_page(out: Path) -> str:
         report=data, graphs=graphs, dot=dot_path(), max_rows=MAX_ROWS,
         fallback_colour=FALLBACK_COLOUR,
         css=(HERE / "page.css").read_text(), js=(HERE / "page.js").read_text(),
-        as_json=_script_json, options=json.dumps(data.get("options"), default=str))
+        as_json=_script_json, options=json.dumps(data.get("options"), default=str),
+        duration=duration, time_line=time_line, profiled=any(g["times"] for g in graphs))
 
 
 def _graph(out: Path, g: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +82,54 @@ def _graph(out: Path, g: dict[str, Any]) -> dict[str, Any]:
     g["rules_used"] = [{"name": names[loc], "location": loc, "count": n,
                         "yaml": texts.get(loc, "")} for loc, n in counts.most_common()]
     g["anchors"] = {loc: f"{g['name']}-rule-{i}" for i, loc in enumerate(counts)}
+    g["times"] = _times(g)
     return g
+
+
+def _times(g: dict[str, Any]) -> list[dict[str, Any]]:
+    """The graph's measured kernels and ATen calls, longest first, for its time table
+    (empty when the run measured nothing: the page then shows no times); each node
+    of its pictures gets the time of its kernel or ATen call for its tooltip."""
+    profile = g.get("profile")
+    if not isinstance(profile, dict) or not profile.get("calls"):
+        return []
+    # a key a report of another version lacks reads as not measured
+    g["profile"] = profile = {**dict.fromkeys(("timer", "total_s", "median_s", "measured_s")),
+                              **profile}
+    kernels, aten = profile.get("kernels") or {}, profile.get("aten") or {}
+    rows = [_entry("kernel", n, e) for n, e in kernels.items()]
+    rows += [_entry("ATen", n, e) for n, e in aten.items()]
+    rows.sort(key=lambda r: -r["total_s"])
+    nodes = profile.get("nodes", {})
+    for which in ("captured", "final") if g["details"] else ():
+        for n in g["details"][which]["nodes"]:
+            if n.get("kernel") in kernels:
+                n["time"] = f"kernel {n['kernel']}: {time_line(kernels[n['kernel']])}"
+            elif which == "final" and str(n["id"]) in nodes:
+                n["time"] = f"this call: {time_line(nodes[str(n['id'])])}"
+    return rows
+
+
+def _entry(kind: str, name: str, e: dict[str, Any]) -> dict[str, Any]:
+    keys = ("calls", "total_s", "mean_s", "median_s", "first_s", "share")
+    row = {"kind": kind, "name": name, **dict.fromkeys(keys), **e}
+    row["total_s"] = row["total_s"] or 0.0
+    return row
+
+
+def duration(seconds: float | None) -> str:
+    """A time as people read it: 12.3 µs, 4.56 ms, 1.23 s."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{1e6 * seconds:.1f} µs"
+    return f"{1e3 * seconds:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def time_line(e: dict[str, Any]) -> str:
+    """One measured entry in a line: median, calls, share of the graph."""
+    share = "" if e.get("share") is None else f", {100 * e['share']:.1f}% of the graph"
+    return f"median {duration(e.get('median_s'))} x {e.get('calls')} calls{share}"
 
 
 def _local(out: Path, path: str | None) -> Path | None:

@@ -1,7 +1,7 @@
 """report.html: written with report.json, rebuilt by `rewritec report DIR`, and
 loaded in headless Chromium (Debian's `chromium`; .ci/run installs it): no console
-error, no request outside the file, graph pictures and rule list present.
-Rule text, paths and docs are escaped."""
+error, no request outside the file, graph pictures and rule list present, and
+the times the demo's profiled run measured. Rule text, paths and docs are escaped."""
 
 from __future__ import annotations
 
@@ -25,13 +25,18 @@ HOSTILE = "<script>alert(1)</script>"
 HOSTILE_DIR = "<img src=x onerror=alert(2)>"
 
 
+# The demo's calls of each graph: 5 training steps, one call of the exported model
+DEMO_CALLS = {"forward": 5, "backward": 5, "export": 1}
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`rewritec compile examples/mlp.py`: forward and backward of a training loop,
-    and an exported model."""
+    """`rewritec compile examples/mlp.py --profile`: forward and backward of a
+    training loop, and an exported model, each kernel and ATen call timed."""
     out = tmp_path_factory.mktemp("demo") / "out"
     res = subprocess.run([sys.executable, "-m", "rewritec.cli", "compile",
-                          str(REPO_ROOT / "examples" / "mlp.py"), "--out", str(out), "--quiet"],
+                          str(REPO_ROOT / "examples" / "mlp.py"), "--out", str(out), "--quiet",
+                          "--profile"],
                          capture_output=True, text=True, timeout=300, check=False,
                          cwd=out.parent)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -88,6 +93,38 @@ def test_compile_writes_the_page_beside_report_json(demo: Path) -> None:
     assert 'class="hl-keyword"' in html  # kernel sources are highlighted
     if layout.dot_path():
         assert html.count("<svg") >= 2 * len(graphs)
+
+
+def test_the_demo_times_each_kernel_once_per_call(demo: Path) -> None:
+    graphs = json.loads((demo / "report.json").read_text())["graphs"]
+    assert {g["kind"] for g in graphs} == set(DEMO_CALLS)
+    for g in graphs:
+        calls, p = DEMO_CALLS[g["kind"]], g["profile"]
+        assert p["calls"] == calls
+        assert {n: e["calls"] for n, e in p["kernels"].items()} == {
+            k["name"]: calls for k in g["kernels"]}
+        assert {n: e["calls"] for n, e in p["aten"].items()} == {
+            op: n * calls for op, n in g["fallback_ops"].items()}
+
+
+def test_the_page_shows_the_times(demo: Path) -> None:
+    html = (demo / "report.html").read_text()
+    graphs = json.loads((demo / "report.json").read_text())["graphs"]
+    assert html.count('class="times sortable"') == len(graphs)
+    assert "<th>median per call</th>" in html
+    for g in graphs:
+        for name, e in g["profile"]["kernels"].items():
+            assert f'id="{g["name"]}-kernel-{name}"' in html  # its source and rule
+            assert page.time_line(e) in html
+    if layout.dot_path():  # the pictures' tooltips: each kernel node's time
+        assert "time: kernel k0_" in html
+
+
+def test_a_page_without_times_says_nothing_of_them(hostile: Path) -> None:
+    html = (hostile / "report.html").read_text()
+    assert 'class="times' not in html and "median per call" not in html
+    assert '"time":' not in html and "time: kernel" not in html  # nodes, tooltips
+    assert "<th>time</th>" not in html and 'class="time"' not in html
 
 
 def test_every_firing_is_listed_in_order(demo: Path) -> None:
@@ -249,6 +286,19 @@ def test_page_renders_in_chromium(browser: Chromium, demo: Path) -> None:
     assert rendered["firings"] >= sum(sum(g["rules_fired"].values()) for g in graphs)
     assert rendered["rules"] > 0
     assert rendered["kernels"] == sum(len(g["kernels"]) for g in graphs)
+    # the time table lists every kernel and ATen op, longest first; a click sorts it
+    times = browser.evaluate("""(() => {
+        const table = document.querySelector('table.times');
+        const totals = () => Array.from(table.tBodies[0].rows, r => +r.cells[3].dataset.v);
+        const first = totals();
+        table.querySelectorAll('th')[2].click();
+        const calls = Array.from(table.tBodies[0].rows, r => +r.cells[2].dataset.v);
+        return {rows: first.length, first: first, calls: calls};
+    })()""")
+    profile = graphs[0]["profile"]
+    assert times["rows"] == len(profile["kernels"]) + len(profile["aten"])
+    assert times["first"] == sorted(times["first"], reverse=True)
+    assert times["calls"] == sorted(times["calls"], reverse=True)
     # clicking a node of the final graph shows its op, strides and the rule behind it
     info = browser.evaluate("""(() => {
         const node = document.querySelector('.picture[data-graph$="-final"] '

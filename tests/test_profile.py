@@ -101,6 +101,10 @@ def test_report_json_gets_the_times_when_written_again(tmp_path: Path) -> None:
     (g,) = json.loads((tmp_path / "report.json").read_text())["graphs"]
     assert g["profile"]["calls"] == CALLS
     assert set(g["profile"]["kernels"]) == {k["name"] for k in g["kernels"]}
+    html = (tmp_path / "report.html").read_text()
+    assert 'class="times sortable"' in html
+    for name in g["profile"]["kernels"]:
+        assert f'href="#{g["name"]}-kernel-{name}"' in html
 
 
 def test_the_times_are_written_at_exit(tmp_path: Path) -> None:
