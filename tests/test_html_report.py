@@ -213,6 +213,7 @@ def test_without_dot_the_graphs_are_tables(demo: Path, monkeypatch) -> None:
     html = page.build_page(demo)
     assert "<svg" not in html
     assert 'class="nodes"' in html and "is not installed" in html
+    assert "<th>time</th>" in html  # the profiled demo's nodes list their times
 
 
 def test_large_graphs_are_laid_out_a_page_at_a_time() -> None:

@@ -37,9 +37,12 @@ def _check_counts(rec: report.GraphRecord, calls: int) -> dict:
     assert {n: e["calls"] for n, e in p["aten"].items()} == {
         op: n * calls for op, n in rec.fallback_ops.items()}
     entries = [*p["kernels"].values(), *p["aten"].values()]
-    assert all(e["total_s"] > 0 and e["median_s"] > 0 for e in entries)
+    assert all(e["total_s"] > 0 for e in p["kernels"].values())
+    # a view launches nothing: between two CUDA events it may take no time at all
+    assert all(e["total_s"] >= 0 and e["median_s"] >= 0 for e in entries)
     assert sum(e["share"] for e in entries) == pytest.approx(1.0, abs=1e-3)
-    assert p["measured_s"] <= p["total_s"]  # the parts fit in the whole call
+    if p["timer"] == "perf_counter":
+        assert p["measured_s"] <= p["total_s"]  # the parts fit in the whole call
     return p
 
 
