@@ -14,14 +14,6 @@ pattern starts a group, which grows into its producers while:
   root's shape, not one that broadcasts to it) and joining makes no cycle
   (`Order`). The kernel then computes the producer
   once and also writes it out, for those users.
-A shared producer that cannot join that way (the space takes no side outputs,
-or writing it would make a cycle: a reduction's input that the reduction's own
-consumer reads too, as batch_norm's backward has) is recomputed instead when it
-is cheap (`recomputable`: a pointwise op of at most two tensor operands, a few
-per group): the kernel computes it again from its operands, which become the
-kernel's inputs, and it stays where it was for its other users (a term nobody
-reads any more is dropped). Inductor inlines pointwise producers into every
-consumer the same way.
 A group with side outputs also takes in users of its members (not of its root)
 that it can compute from its members alone, under the same conditions, reductions
 excepted: a cast of layer_norm's mean is one more output and no more inputs. Then the rule's guards
@@ -146,8 +138,6 @@ class Group:
     members: set[Term]
     # What the kernel writes: the root, then the side outputs in graph order.
     outputs: list[Term] = field(default_factory=list)
-    # Shared producers the kernel computes again (never outputs, owned by no group).
-    recomputed: set[Term] = field(default_factory=set)
     # Its place in `Order` once formed: the group is one node there.
     rank: int = 0
 
@@ -161,11 +151,10 @@ class Order:
     groups convex, and `commit` keeps it topological as groups form."""
 
     def __init__(self, order: list[Term], consumers: dict[Term, list[Term]],
-                 owner: dict[Term, Group], outputs: set[Term] | None = None) -> None:
+                 owner: dict[Term, Group]) -> None:
         self.ranks = {t: i for i, t in enumerate(order)}
         self.consumers = consumers
         self.owner = owner
-        self.outputs = outputs or set()  # what the graph returns: never dead
 
     def node(self, t: Term) -> Node:
         return self.owner.get(t, t)
@@ -174,13 +163,9 @@ class Order:
         return n.rank if isinstance(n, Group) else self.ranks[n]
 
     def _next(self, n: Node, forward: bool) -> list[Node]:
-        if not isinstance(n, Group):
-            near = self.consumers.get(n, ()) if forward else n.args
-            return [self.node(t) for t in near if t.op != "const"]
-        # a group reads its recomputed terms' operands, never the terms themselves
-        terms = n.members if forward else n.members | n.recomputed
-        inside = n.members | n.recomputed
+        terms = n.members if isinstance(n, Group) else (n,)
         near = [c for t in terms for c in (self.consumers.get(t, ()) if forward else t.args)]
+        inside = n.members if isinstance(n, Group) else ()
         return [self.node(t) for t in near if t not in inside and t.op != "const"]
 
     def _search(self, starts: list[Node], targets: set[Term], forward: bool,
@@ -219,33 +204,6 @@ class Order:
         low = min(self.ranks[m] for m in members)
         return self._search(operands, members, False, low) is not None
 
-    def _rewire(self, group: Group) -> None:
-        """A recomputed term's readers in the group read its operands instead: the
-        group (its root stands for it) becomes their user, so that later groups
-        keep them readable and see the dependence, and the term loses those users."""
-        inside = group.members | group.recomputed
-        for r in group.recomputed:
-            # a recomputed reader stays: the term itself still reads `r` for others
-            self.consumers[r] = [c for c in self.consumers.get(r, ())
-                                 if c not in group.members]
-            for a in r.args:
-                if a not in inside and group.root not in self.consumers.setdefault(a, []):
-                    self.consumers[a].append(group.root)
-        self._drop_dead(list(group.recomputed))
-
-    def _drop_dead(self, terms: list[Term]) -> None:
-        """A term nobody reads any more (every reader recomputes it) and the graph does
-        not return stops being a user of its operands, so that they need not be
-        written out for it."""
-        while terms:
-            t = terms.pop()
-            if self.consumers.get(t) or t in self.outputs or t in self.owner:
-                continue
-            for a in t.args:
-                if t in self.consumers.get(a, ()):
-                    self.consumers[a] = [c for c in self.consumers[a] if c is not t]
-                    terms.append(a)
-
     def commit(self, group: Group) -> None:
         """Make the group one node, at its last member's place. Users of its outputs
         that come before that (users of side outputs, or of the root when a user
@@ -258,7 +216,6 @@ class Order:
         group.rank = high
         for m in group.members:
             self.owner[m] = group
-        self._rewire(group)
         if not late:
             return
         after = self._search(late, set(), True, high)
@@ -304,7 +261,7 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
     guards = GuardEval(GuardContext(users=lambda t: uses.get(t, 0), is_frozen=lambda t: False))
     ranked = sorted(rules, key=lambda r: -r.priority)
     owner: dict[Term, Group] = {}
-    places = Order(order, consumers, owner, outputs)
+    places = Order(order, consumers, owner)
     groups: list[Group] = []
     fired: Counter[str] = Counter()
     watched = next((r for r in rules if explain is not None and r.name == explain.rule), None)
@@ -351,10 +308,9 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
             watch.refuse(root, root, f"its root is not in the {rule.kernel} space "
                                      f"({root.meta.short()})")
         return None
-    members, recomputed = _grow(rule, root, space, table, places, outputs, can_compile,
-                                watch)
+    members = _grow(rule, root, space, table, places, outputs, can_compile, watch)
     accepts = getattr(space, "accepts", None)  # a check on the whole group, if any
-    if accepts is not None and not accepts(members | recomputed):
+    if accepts is not None and not accepts(members):
         if watch is not None:
             watch.refuse(root, root, f"the {rule.kernel} space refuses the group of "
                                      f"{len(members)} op(s) as a whole")
@@ -362,7 +318,7 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
     side = sorted((m for m in members if m is not root and _used_outside(m, members, places,
                                                                          outputs)),
                   key=places.rank)
-    env = {"root": root, "ops": len(members) + len(recomputed),
+    env = {"root": root, "ops": len(members),
            "reductions": sum(m.op in ROW_REDUCTIONS for m in members),
            "matmuls": sum(m.op in MATMULS for m in members),
            "outputs": 1 + len(side)}
@@ -375,7 +331,7 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
             watch.refuse(root, root, f"guard `{failed}` is false for the group of "
                                      f"{len(members)} op(s)")
         return None
-    return Group(rule, root, members, [root, *side], recomputed)
+    return Group(rule, root, members, [root, *side])
 
 
 class _Watch:
@@ -416,27 +372,13 @@ def _used_outside(t: Term, members: set[Term], places: Order, outputs: set[Term]
     return t in outputs or any(c not in members for c in places.consumers.get(t, ()))
 
 
-# A group recomputes at most this many shared producers: each one reads its
-# operands again, and a long chain would repeat real work.
-RECOMPUTE_LIMIT = 8
-
-
-def recomputable(t: Term, info: Any) -> bool:
-    """Whether a kernel may compute `t` again rather than read it: a pointwise op
-    of at most two tensor operands (a relu's or a where's backward, x - mean)."""
-    tensors = [a for a in t.args if a.op != "const" and a.meta.kind == "tensor"]
-    return info.category == "pointwise" and len(tensors) <= 2 \
-        and t.meta.kind == "tensor"
-
-
 def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
           outputs: set[Term], can_compile: Callable[[Term], bool],
-          watch: _Watch | None = None) -> tuple[set[Term], set[Term]]:
+          watch: _Watch | None = None) -> set[Term]:
     """The root and the producers (and users) it takes in (see the module
-    docstring), and the shared producers it recomputes; members visited latest
-    first, so that the group is the same on every run."""
+    docstring), members visited latest first, so that the group is the same on
+    every run."""
     members = {root}
-    recomputed: set[Term] = set()
     writes = getattr(space, "side_outputs", False)
     stops_at = getattr(space, "stops_at", None)
     top = places.rank(root)  # the highest rank among the members
@@ -445,10 +387,10 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
     def joins(t: Term, user: bool) -> bool:
         """Whether producer (or, `user`, consumer) `t` of a member may join now."""
         info = table.get(t.op)
-        if t in members or t in recomputed or t in places.owner or info is None \
+        if t in members or t in places.owner or info is None \
                 or info.category not in rule.grow or not can_compile(t):
             if watch is not None and not user and t not in members \
-                    and t not in recomputed and t.op not in ("input", "const"):
+                    and t.op not in ("input", "const"):
                 watch.refuse(root, t, _why_not(t, info, rule, places, can_compile))
             return False
         if user:
@@ -462,8 +404,6 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
                 and places.may_join(t, members, max(top, places.rank(t)), False)
         shared = _used_outside(t, members, places, outputs)
         if shared and not (writes and space.can_output(t)):
-            if recompute(t, info):
-                return True
             if watch is not None:
                 watch.refuse(root, t, "a user outside the group reads it too, and the "
                              f"{rule.kernel} space " + ("cannot write it as a side output"
@@ -471,45 +411,23 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
             return False
         if not (shared or exits) or places.may_join(t, members, top, exits):
             return True
-        if recompute(t, info):
-            return True
         if watch is not None:
             watch.refuse(root, t, "joining would make a cycle through a user outside the group")
         return False
 
-    def recompute(t: Term, info: Any) -> bool:
-        """Take shared producer `t` in as a recomputed term, if it is cheap and fits
-        (a recomputed term adds no output and reads only what `t` reads, so it
-        cannot make a cycle)."""
-        if not last_resort or len(recomputed) >= RECOMPUTE_LIMIT \
-                or not recomputable(t, info) or not space.fits(t):
-            return False
-        recomputed.add(t)
-        return True
-
-    # Recomputing is the last resort: the group first grows as far as it can
-    # (a producer refused as shared may join once its other users have), then
-    # takes in what is still refused by recomputing it, and grows on from there.
-    last_resort = False
     changed = True
-    while changed or not last_resort:
-        if not changed:
-            last_resort = True
+    while changed:
         changed = False
-        for m in sorted(members | recomputed, key=places.rank, reverse=True):
+        for m in sorted(members, key=places.rank, reverse=True):
             if stops_at is not None and stops_at(m):
                 continue
             # its producers; then, where the space takes side outputs, its users (not
             # the root's: they were visited before it, as roots of their own groups)
             near = [(a, False) for a in m.args]
-            if writes and m is not root and m in members:
+            if writes and m is not root:
                 near += [(c, True) for c in places.consumers.get(m, ())]
             for t, user in near:
-                before = len(recomputed)
                 if not joins(t, user):
-                    continue
-                if len(recomputed) > before:  # taken in to recompute: fits was checked
-                    changed = True
                     continue
                 if not space.fits(t):  # last: a space fixes its layout on the first fit
                     if watch is not None and not user:
@@ -522,7 +440,7 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
                 exits = any(u is not root and any(c not in members
                                                   for c in places.consumers.get(u, ()))
                             for u in members)
-    return members, recomputed
+    return members
 
 
 def _why_not(t: Term, info: Any, rule: Rule, places: Order,
@@ -539,20 +457,14 @@ def _why_not(t: Term, info: Any, rule: Rule, places: Order,
 
 
 def _rebuild(graph: Graph, store: TermStore, places: Order, trace: Trace | None) -> Graph:
-    """The graph with each group replaced by its kernel, built from the outputs
-    down (a group after every term it reads), so a term that every reader
-    recomputes is never built. A cycle here is a bug of the grouping: it raises,
-    and the graph falls back to eager, never to a wrong result."""
-    new = {t: t for t in graph.terms() if not t.args and t not in places.owner}
-
-    def reads(n: Node) -> list[Node]:
-        if not isinstance(n, Group):
-            return [places.node(a) for a in n.args if a not in new]
-        inside = n.members | n.recomputed
-        return [places.node(a) for t in inside for a in t.args
-                if a not in inside and a not in new]
-
-    def build(n: Node) -> None:
+    """The graph with each group replaced by its kernel, built in `places`' order
+    (a group's operands all come before it there: a KeyError here is a bug of
+    `Order`, and the graph falls back to eager, never to a wrong result)."""
+    terms = graph.terms()
+    # leaves first: `Order` does not place constants (no search goes through them)
+    new = {t: t for t in terms if not t.args and t not in places.owner}
+    nodes = sorted({places.node(t) for t in terms if t not in new}, key=places.rank)
+    for n in nodes:
         if isinstance(n, Group):
             kernel = _kernel(n, store, new)
             if trace:
@@ -565,27 +477,6 @@ def _rebuild(graph: Graph, store: TermStore, places: Order, trace: Trace | None)
             new[n] = store.make(n.op, [new[a] for a in n.args], n.attrs, meta=n.meta)
         else:
             new[n] = n
-
-    done: set[int] = set()
-    open_: set[int] = set()
-    for out in graph.outputs:
-        if out is None or out in new:
-            continue
-        stack: list[tuple[Node, bool]] = [(places.node(out), False)]
-        while stack:
-            n, ready = stack.pop()
-            if ready:
-                open_.discard(id(n))
-                done.add(id(n))
-                build(n)
-                continue
-            if id(n) in done:
-                continue
-            if id(n) in open_:
-                raise ValueError(f"fusion made a cycle through {n!r:.200}")
-            open_.add(id(n))
-            stack.append((n, True))
-            stack.extend((m, False) for m in reads(n) if id(m) not in done)
     if trace:
         trace.moved(new)
     return Graph(tuple(new[t] for t in graph.inputs),
@@ -604,7 +495,7 @@ def _kernel(group: Group, store: TermStore, new: dict[Term, Term]) -> Term:
             return body[t]
         if t.op == "const":
             out = t
-        elif t in group.members or t in group.recomputed:
+        elif t in group.members:
             out = store.make(t.op, [build(a) for a in t.args], t.attrs, meta=t.meta)
         else:
             if t not in inputs:
