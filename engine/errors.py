@@ -56,3 +56,8 @@ class RewriteStop(RewritecError):
 
 class CompileError(RewritecError):
     """A graph rewritec could not compile; raised only in strict mode."""
+
+
+class PackageError(RewritecError):
+    """A package (runtime/package.py) that cannot be written or loaded; the message
+    names the file and, where two values disagree, both."""

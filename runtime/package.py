@@ -1,0 +1,458 @@
+"""Packages: one compiled exported program in one file, loaded without compiling.
+
+`rewritec.package` (frontend/package.py) exports and compiles a model and hands
+the result here; `write` stores it as a zip file and `load` makes it a callable
+again. A package holds, each member listed with its sha256 in `manifest.json`:
+
+    manifest.json   format, versions (rewritec, torch, triton, python), the target
+                    its kernels were built for, dynamic dims, the members' hashes
+    program.json    the compiled graph as data (runtime/program.py): its steps,
+                    inputs (user inputs, weights by name, constants), kernels and
+                    how the outputs are nested
+    exported.txt    the exported program, as text: what was compiled
+    wrapper.py      the wrapper the compilation generated, as text (never run:
+                    the loader generates the same function from program.json)
+    kernels/NAME.cpp, kernels/NAME.so    each OpenMP kernel's source and library
+    weights/N.bin, constants/N.bin       tensors as raw bytes (metadata in program.json)
+
+Loading imports only this layer and those below it: no TorchDynamo trace, no
+AOTAutograd, no rule file, no code generation and no compiler. Nothing in a
+package is unpickled or run as Python: tensors are raw bytes, the wrapper is
+regenerated from data checked against an allow-list. Its libraries are native
+code, loaded as they are (as AOTInductor's are): the hashes catch a damaged file,
+not a malicious one, so load only packages you trust. A package is refused, with
+one PackageError naming the file, when it is truncated, not a package, holds a
+member its manifest does not list or one that is not plain data (a pickle), when
+a member's hash does not match, or when it was made for another torch version,
+Triton version (packages with Triton kernels), CPU target or device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import json
+import math
+import platform
+import re
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import __version__
+from ..aten.dtypes import DTYPES, TORCH_DTYPES
+from ..engine.errors import PackageError
+from ..kinds.spec import KernelSpec, KInput, KOutput
+from .build import cxx_flags, target
+from .launch import Launcher
+from .program import Program
+from .recipe import LAUNCHERS
+
+FORMAT = "rewritec-package"
+FORMAT_VERSION = 1
+# What a member may be called; nothing else is loaded (a pickle least of all).
+MEMBER = re.compile(r"^(manifest\.json|program\.json|exported\.txt|wrapper\.py|"
+                    r"kernels/[A-Za-z][A-Za-z0-9_]*\.(cpp|so)|(weights|constants)/[0-9]+\.bin)$")
+
+
+@dataclass(frozen=True)
+class SymbolicSize:
+    """A kernel spec's size that was symbolic at compile time (a dynamic dim): the
+    launchers read sizes from their inputs, and treat this as "not static"."""
+
+    expr: str
+
+
+# --------------------------------------------------------------------------- target
+
+
+def versions() -> dict[str, str | None]:
+    """The versions a package records; torch (and Triton, for Triton kernels) must match."""
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"rewritec": __version__, "torch": torch.__version__,
+            "triton": version("triton"), "python": platform.python_version()}
+
+
+def cpu_target(kernels: str, contract: bool = False) -> dict[str, Any]:
+    """The CPU target of a package: OpenMP kernels are built with `-march=native`, so
+    they run on CPUs of this vendor, model and feature flags (runtime/build.py:
+    target) and this machine type."""
+    found: dict[str, Any] = {"device": "cpu", "kernels": kernels}
+    if kernels == "openmp":  # ATen alone runs anywhere this torch does
+        found["machine"] = f"{platform.machine()}-{sys.platform}"
+        found["cpu"] = target()
+        found["flags"] = list(cxx_flags(contract))
+    return found
+
+
+def device_target(device: str, kernels: str) -> dict[str, Any]:
+    if device == "cpu":
+        return cpu_target(kernels)
+    return {"device": device, "kernels": kernels}
+
+
+# --------------------------------------------------------------------------- write
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's values as raw bytes, in row-major order."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    return {"dtype": DTYPES[t.dtype],
+            "shape": list(t.shape), "stride": list(t.stride()), "device": str(t.device)}
+
+
+def plain(x: Any) -> Any:
+    """A kernel spec's value as JSON (tuples, dicts and symbolic sizes tagged)."""
+    if x is None or isinstance(x, bool | int | str):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else {"float": repr(x)}
+    if isinstance(x, tuple):
+        return {"tuple": [plain(v) for v in x]}
+    if isinstance(x, list):
+        return [plain(v) for v in x]
+    if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+        return {"dict": {k: plain(v) for k, v in x.items()}}
+    if hasattr(x, "free_symbols") or isinstance(x, torch.SymInt | SymbolicSize):
+        return {"sym": str(getattr(x, "expr", x))}
+    raise PackageError(f"a kernel spec holds a {type(x).__name__}, which a package cannot store")
+
+
+def spec_data(spec: KernelSpec) -> dict[str, Any]:
+    """A launcher's spec (without its terms) as JSON."""
+    spec = spec.for_launch()
+    data = {f.name: plain(getattr(spec, f.name)) for f in fields(spec)
+            if f.name not in ("body", "root", "written", "inputs", "outputs")}
+    data["inputs"] = [{f.name: plain(getattr(i, f.name)) for f in fields(i)} for i in spec.inputs]
+    data["outputs"] = [{f.name: plain(getattr(o, f.name)) for f in fields(o)}
+                       for o in spec.outputs]
+    return data
+
+
+def json_bytes(data: Any) -> bytes:
+    return json.dumps(data, indent=1, allow_nan=False).encode()
+
+
+def write(path: str | Path, members: dict[str, bytes], manifest: dict[str, Any]) -> Path:
+    """Write the package: `members` (name -> bytes) and the manifest naming their hashes."""
+    path = Path(path)
+    for name in members:
+        if not MEMBER.match(name):
+            raise PackageError(f"{path}: a package member may not be called {name!r}")
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
+                "members": {n: hashlib.sha256(b).hexdigest() for n, b in members.items()}}
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+            for name, data in members.items():
+                z.writestr(name, data)
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise PackageError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
+
+
+# --------------------------------------------------------------------------- read
+
+
+def read(path: str | Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and members of the package at `path`, every member checked
+    against its hash; PackageError for anything else."""
+    where = str(path)
+    try:
+        head = Path(path).read_bytes()[:4]
+        archive = zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise PackageError(f"{where}: no such file") from None
+    except (zipfile.BadZipFile, OSError, ValueError):
+        if head == b"PK\x03\x04":
+            raise PackageError(f"{where}: truncated or damaged (its zip directory is "
+                               "missing or unreadable)") from None
+        raise PackageError(f"{where}: not a rewritec package (not a zip file)") from None
+    with archive:
+        manifest = _manifest(archive, where)
+        listed = manifest.get("members")
+        if not isinstance(listed, dict):
+            raise PackageError(f"{where}: its manifest lists no members")
+        members: dict[str, bytes] = {}
+        for info in archive.infolist():
+            name = info.filename
+            if name == "manifest.json":
+                continue
+            if not MEMBER.match(name):
+                raise PackageError(f"{where}: holds {name!r}, which is not plain package "
+                                   "data (packages hold JSON, text, raw tensor bytes and "
+                                   "kernels; nothing is unpickled)")
+            if name not in listed:
+                raise PackageError(f"{where}: holds {name!r}, which its manifest does not list")
+            members[name] = _member(archive, name, where)
+            got = hashlib.sha256(members[name]).hexdigest()
+            if got != listed[name]:
+                raise PackageError(f"{where}: member {name} was changed: its sha256 is "
+                                   f"{got[:16]}..., the manifest says {str(listed[name])[:16]}...")
+        missing = sorted(set(listed) - set(members))
+        if missing:
+            raise PackageError(f"{where}: members missing: {', '.join(missing)}")
+    return manifest, members
+
+
+def _member(archive: zipfile.ZipFile, name: str, where: str) -> bytes:
+    try:
+        return archive.read(name)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise PackageError(f"{where}: member {name} is damaged ({e})") from None
+    except Exception as e:  # noqa: BLE001 - zlib.error and other decompression failures
+        raise PackageError(f"{where}: member {name} is damaged ({type(e).__name__})") from None
+
+
+def _manifest(archive: zipfile.ZipFile, where: str) -> dict[str, Any]:
+    try:
+        raw = _member(archive, "manifest.json", where) if "manifest.json" in \
+            archive.namelist() else None
+        manifest = json.loads(raw) if raw is not None else None
+    except (ValueError, UnicodeDecodeError):
+        raise PackageError(f"{where}: its manifest.json is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise PackageError(f"{where}: not a rewritec package (no rewritec manifest.json)")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise PackageError(f"{where}: package format {manifest.get('format_version')!r}, "
+                           f"this rewritec reads format {FORMAT_VERSION}")
+    return manifest
+
+
+def check_compatible(manifest: dict[str, Any], where: str) -> None:
+    """Refuse a package made for another torch, Triton, device or CPU target."""
+    here = versions()
+    made = manifest.get("versions") or {}
+    if made.get("torch") != here["torch"]:
+        raise PackageError(f"{where}: made for torch {made.get('torch')}, this is torch "
+                           f"{here['torch']}")
+    tgt = manifest.get("target") or {}
+    if tgt.get("kernels") == "triton" and made.get("triton") != here["triton"]:
+        raise PackageError(f"{where}: made for Triton {made.get('triton')}, this is Triton "
+                           f"{here['triton']}")
+    device = str(tgt.get("device"))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PackageError(f"{where}: made for {device}, and torch sees no CUDA GPU here")
+    if device == "cpu":
+        mine = cpu_target(str(tgt.get("kernels")))
+        for key in ("machine", "cpu"):
+            if key in tgt and tgt[key] != mine.get(key):
+                raise PackageError(f"{where}: its kernels were built for CPU {key} "
+                                   f"{tgt[key]}, this machine is {mine.get(key)}")
+
+
+# --------------------------------------------------------------------------- load
+
+
+def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Loaded:
+    """The package at `path` as a callable (see the module docstring)."""
+    where = str(path)
+    manifest, members = read(path)
+    check_compatible(manifest, where)
+    try:
+        data = json.loads(members["program.json"])
+    except (KeyError, ValueError, UnicodeDecodeError):
+        raise PackageError(f"{where}: program.json is missing or not JSON") from None
+    try:
+        kernels = _kernels(data.get("kernels", []), members, where)
+        tensors = {key: _tensor(meta, members, where)
+                   for key, meta in data.get("constants", {}).items()}
+        weights = _weights(data.get("weights", {}), members, state_dict, where)
+        fn, source = Program(data["graph"], where).build(kernels, tensors)
+        out_spec = pytree.treespec_loads(data["out_spec"])
+        return Loaded(where, manifest, fn, source, data["inputs"], data["user_inputs"],
+                      weights, int(data["user_outputs"]), out_spec)
+    except PackageError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise PackageError(f"{where}: program.json is malformed: {type(e).__name__}: "
+                           f"{e}") from None
+
+
+def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes], where: str
+             ) -> dict[str, Launcher]:
+    """Each kernel's launcher, its library loaded from a private temporary folder
+    (ctypes loads from a file; the folder goes once they are loaded)."""
+    kernels: dict[str, Launcher] = {}
+    if not entries:
+        return kernels
+    with tempfile.TemporaryDirectory(prefix="rewritec-package-") as tmp:
+        for entry in entries:
+            spec = _spec(entry["spec"])
+            cls = LAUNCHERS.get(entry["launcher"])
+            if entry.get("target") != "openmp" or cls is None or not cls.__name__.endswith(
+                    "CppLauncher"):
+                raise PackageError(f"{where}: kernel {spec.name} has launcher "
+                                   f"{entry.get('launcher')!r} for target "
+                                   f"{entry.get('target')!r}; packages run OpenMP kernels")
+            lib = Path(tmp, f"{spec.name}.so")
+            lib.write_bytes(members[entry["binary"]])
+            try:
+                fn = getattr(ctypes.CDLL(str(lib)), spec.name)
+            except (OSError, AttributeError) as e:
+                raise PackageError(f"{where}: kernel {spec.name} does not load: {e}") from None
+            kernels[spec.name] = cls(spec, fn, _failed(where, spec.name))
+    return kernels
+
+
+def _failed(where: str, name: str) -> Callable[..., Any]:
+    """A package kernel whose launch failed: the package holds no other way to
+    compute its group, so the call is one error, never a wrong result."""
+    def fallback(*inputs: Any) -> Any:
+        raise PackageError(f"{where}: kernel {name} failed to launch (see the warning)")
+
+    return fallback
+
+
+def _spec(data: dict[str, Any]) -> KernelSpec:
+    values = {k: _unplain(v) for k, v in data.items() if k not in ("inputs", "outputs")}
+    if not isinstance(values.get("name"), str) or not re.match(r"^[A-Za-z][A-Za-z0-9_]*$",
+                                                               values["name"]):
+        raise ValueError(f"kernel name {values.get('name')!r}")
+    return KernelSpec(**values, body=[], root=None, written=[],  # type: ignore[arg-type]
+                      inputs=[KInput(**{k: _unplain(v) for k, v in i.items()})
+                              for i in data["inputs"]],
+                      outputs=[KOutput(**{k: _unplain(v) for k, v in o.items()})
+                               for o in data["outputs"]])
+
+
+def _unplain(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_unplain(v) for v in x]
+    if not isinstance(x, dict):
+        return x
+    (tag, v), = x.items()
+    if tag == "tuple":
+        return tuple(_unplain(e) for e in v)
+    if tag == "dict":
+        return {str(k): _unplain(e) for k, e in v.items()}
+    if tag == "sym":
+        return SymbolicSize(str(v))
+    if tag == "float" and v in ("inf", "-inf", "nan"):
+        return float(v)
+    raise ValueError(f"a spec value {x!r}")
+
+
+def _tensor(meta: dict[str, Any], members: dict[str, bytes], where: str) -> torch.Tensor:
+    """A stored tensor from its raw bytes: the dtype, shape and strides it had."""
+    dtype = TORCH_DTYPES[meta["dtype"]]
+    shape, stride = [int(n) for n in meta["shape"]], [int(n) for n in meta["stride"]]
+    raw = members[meta["member"]]
+    numel = math.prod(shape)
+    want = numel * torch.empty((), dtype=dtype).element_size()
+    if len(raw) != want:
+        raise PackageError(f"{where}: {meta['member']} holds {len(raw)} bytes, "
+                           f"{tuple(shape)} {meta['dtype']} needs {want}")
+    flat = torch.frombuffer(bytearray(raw), dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+    out = torch.empty_strided(shape, stride, dtype=dtype, device=meta["device"])
+    out.copy_(flat.reshape(shape))
+    return out
+
+
+def _weights(entries: dict[str, dict[str, Any]], members: dict[str, bytes],
+             state_dict: dict[str, torch.Tensor] | None, where: str) -> dict[str, torch.Tensor]:
+    """The weights by name: stored ones from the package, the rest from `state_dict`
+    (each checked to have the shape and dtype the package was compiled for)."""
+    found: dict[str, torch.Tensor] = {}
+    for name, meta in entries.items():
+        if meta.get("member") is not None and (state_dict is None or name not in state_dict):
+            found[name] = _tensor(meta, members, where)
+            continue
+        if state_dict is None or name not in state_dict:
+            raise PackageError(f"{where}: weight {name!r} is not in the package (written with "
+                               "weights=False) and not in the state_dict given")
+        given = state_dict[name]
+        want = (tuple(meta["shape"]), TORCH_DTYPES[meta["dtype"]])
+        if not isinstance(given, torch.Tensor) or (tuple(given.shape), given.dtype) != want:
+            got = (tuple(given.shape), given.dtype) if isinstance(given, torch.Tensor) \
+                else type(given).__name__
+            raise PackageError(f"{where}: weight {name!r} is {got}, the package needs "
+                               f"{want}")
+        found[name] = given.detach().to(meta["device"])
+    return found
+
+
+class Loaded:
+    """A loaded package, called as the model was: `loaded(*inputs)`."""
+
+    def __init__(self, where: str, manifest: dict[str, Any], fn: Any, source: str,
+                 inputs: list[dict[str, Any]], user_inputs: list[dict[str, Any]],
+                 weights: dict[str, torch.Tensor], user_outputs: int, out_spec: Any) -> None:
+        self.path = where
+        self.manifest = manifest
+        self.source = source  # the wrapper, generated from program.json
+        self._fn = fn
+        self._user = user_inputs
+        self._slots = [None if i["kind"] == "user" else weights[i["name"]] for i in inputs]
+        self._user_outputs = user_outputs
+        self._out_spec = out_spec
+        self._ranges = {k: tuple(v) for k, v in manifest.get("dynamic", {}).items()}
+
+    def __call__(self, *inputs: Any) -> Any:
+        self._check(inputs)
+        given = iter(inputs)
+        args = [next(given) if s is None else s for s in self._slots]
+        with torch.no_grad():
+            flat = list(self._fn(args))
+        flat = flat[len(flat) - self._user_outputs:] if self._user_outputs else []
+        return pytree.tree_unflatten(flat, self._out_spec)
+
+    def _check(self, inputs: tuple[Any, ...]) -> None:
+        """Inputs as the package was compiled for: count, dtype, device, static dims
+        equal, dynamic dims within their range and equal where they share a name."""
+        if len(inputs) != len(self._user):
+            raise PackageError(f"{self.path}: takes {len(self._user)} inputs, got {len(inputs)}")
+        seen: dict[str, int] = {}
+        for k, (x, want) in enumerate(zip(inputs, self._user, strict=True)):
+            if not isinstance(x, torch.Tensor):
+                raise PackageError(f"{self.path}: input {k} is a {type(x).__name__}, "
+                                   "the package takes tensors")
+            dtype = DTYPES.get(x.dtype, str(x.dtype))
+            if dtype != want["dtype"] or str(x.device) != want["device"] or \
+                    x.dim() != len(want["shape"]):
+                raise PackageError(f"{self.path}: input {k} is {tuple(x.shape)} {x.dtype} on "
+                                   f"{x.device}, the package takes {self._shape_text(want)} "
+                                   f"{TORCH_DTYPES.get(want['dtype'])} on {want['device']}")
+            for d, (n, size) in enumerate(zip(x.shape, want["shape"], strict=True)):
+                self._check_dim(k, d, n, size, seen)
+
+    def _check_dim(self, k: int, d: int, n: int, size: Any, seen: dict[str, int]) -> None:
+        if isinstance(size, int):
+            if n != size:
+                raise PackageError(f"{self.path}: input {k} has size {n} in dim {d}, the "
+                                   f"package was compiled for {size} (dims declared dynamic "
+                                   "at export, dynamic_shapes=, may vary)")
+            return
+        name = size["sym"]
+        low, high = self._ranges.get(name, (0, None))
+        if n < low or (high is not None and n > high):
+            raise PackageError(f"{self.path}: input {k} has size {n} in dim {d}, dynamic dim "
+                               f"{name} takes {low}..{'' if high is None else high}")
+        if seen.setdefault(name, n) != n:
+            raise PackageError(f"{self.path}: input {k} has size {n} in dim {d}, but dim "
+                               f"{name} is {seen[name]} in an earlier input")
+
+    @staticmethod
+    def _shape_text(want: dict[str, Any]) -> str:
+        return "(" + ", ".join(str(s) if isinstance(s, int) else s["sym"]
+                               for s in want["shape"]) + ")"
