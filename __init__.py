@@ -39,4 +39,32 @@ def write_profiles() -> None:
     write()
 
 
-__all__ = ["compile", "write_profiles", "__version__"]
+def package(model: Any, example_inputs: Any, path: Any, *, weights: bool = True,
+            dynamic_shapes: Any = None, options: dict[str, Any] | None = None) -> Any:
+    """Export and compile `model` for `example_inputs` and write one file to `path`
+    that `load_package` runs without compiling (frontend/package.py, runtime/package.py).
+    `weights=False` leaves the weights out; `dynamic_shapes` is torch.export's."""
+    from .frontend.package import package as write_package
+
+    return write_package(model, example_inputs, path, weights=weights,
+                         dynamic_shapes=dynamic_shapes, options=options)
+
+
+def load_package(path: Any, *, state_dict: dict[str, Any] | None = None) -> Any:
+    """The package at `path` as a callable: no TorchDynamo, AOTAutograd, rules or
+    compiler. `state_dict` supplies weights by name (needed for weights=False)."""
+    from .runtime.package import load  # imports no compiler, frontend or rules
+
+    return load(path, state_dict=state_dict)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PackageError":  # without importing torch for `import rewritec`
+        from .engine.errors import PackageError
+
+        return PackageError
+    raise AttributeError(f"module 'rewritec' has no attribute {name!r}")
+
+
+__all__ = ["compile", "write_profiles", "package", "load_package", "PackageError",
+           "__version__"]

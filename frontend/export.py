@@ -50,12 +50,12 @@ class ExportedProgram:
         return torch.utils._pytree.tree_unflatten(flat, self.out_spec)
 
 
-def _export(model: torch.nn.Module, example_inputs: tuple[Any, ...]
-            ) -> torch.export.ExportedProgram:
+def _export(model: torch.nn.Module, example_inputs: tuple[Any, ...],
+            dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
     """torch.export, whose failure (data-dependent control flow, inputs that do not
     fit) is one line naming the model, not a trace through the exporter."""
     try:
-        return torch.export.export(model, example_inputs)
+        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # noqa: BLE001 - whatever the exporter raises
         lines = [line for line in str(e).splitlines() if line.strip()]
         raise RewritecError(f"torch.export cannot export {type(model).__name__}: "

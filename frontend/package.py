@@ -1,0 +1,205 @@
+"""`rewritec.package`: export a model, compile it, and write the result as one file.
+
+The model is exported (`torch.export`, with `dynamic_shapes` if given), compiled
+for inference as frontend/export.py compiles an exported program, and what the
+compilation produced (the graph cache's Artifact: the wrapper, its kernels and
+constants) is stored by runtime/package.py, which also loads it again. A dim
+declared dynamic is compiled symbolic: the wrapper computes sizes from the
+inputs and the OpenMP kernels take every size and stride at run time, so one
+package serves every size in the dim's range.
+
+What a package cannot hold is refused here, with one PackageError: a graph that
+did not compile whole (it fell back to eager, or a kernel to ATen), Triton
+kernels (not packaged yet: compile for the CPU, or `options={"target": "aten"}`),
+a graph that needs AOTAutograd's runtime wrapper (an input or buffer written in
+place, an output aliasing an input), and `weights=False` with `freeze`, whose
+folded constants are made of the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._guards import TracingContext, tracing
+from torch.export.graph_signature import InputKind, OutputKind
+
+from ..compiler import compile_fx
+from ..engine.errors import PackageError
+from ..options import Options
+from ..runtime import package as fmt
+from ..runtime.build import build_cpp
+from ..runtime.graph_cache import Artifact, aot_passes_through
+from ..runtime.launch import Launcher
+from ..runtime.program import encode
+from .decompositions import decomposition_table, kept_whole
+from .export import _export, _lifted_inputs
+
+
+def package(model: Any, example_inputs: Sequence[Any], path: str | Path, *,
+            weights: bool = True, dynamic_shapes: Any = None,
+            options: dict[str, Any] | None = None) -> Path:
+    """Export and compile `model` (an nn.Module or an ExportedProgram) for
+    `example_inputs` and write the package to `path`; see runtime/package.py."""
+    opts = Options.make(dict(options or {}))
+    if not weights and opts.freeze:
+        raise PackageError(f"{path}: weights=False cannot be combined with freeze=True "
+                           "(frozen constants are folded from the weights)")
+    inputs = tuple(example_inputs) if isinstance(example_inputs, list | tuple) \
+        else (example_inputs,)
+    if isinstance(model, torch.export.ExportedProgram):
+        ep = model
+    else:
+        ep = _export(model, inputs, dynamic_shapes)
+    art = _compile(ep, inputs, opts, str(path))
+    members, program = _contents(ep, art, weights, str(path))
+    manifest = {"versions": fmt.versions(), "target": _target(art, ep),
+                "dynamic": _ranges(ep), "weights": weights}
+    members["program.json"] = fmt.json_bytes(program)
+    return fmt.write(path, members, manifest)
+
+
+def _compile(ep: torch.export.ExportedProgram, inputs: tuple[Any, ...], opts: Options,
+             where: str) -> Artifact:
+    """The exported graph compiled for inference, as the graph cache would store it.
+    A dynamic export is traced with its symbolic example values, a static one with
+    the real tensors (which `freeze` needs)."""
+    lifted, params = _lifted_inputs(ep)
+    placeholders = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
+    if _ranges(ep):
+        args = placeholders
+    else:
+        user = iter(inputs)
+        args = [next(user) if t is None else t for t in lifted]
+    kept: list[Artifact] = []
+    why: list[str] = []
+
+    def inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        n_out = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        if not aot_passes_through(gm, len(example_inputs), n_out):
+            why.append("it writes an input or buffer in place or returns an alias of an "
+                       "input, which needs AOTAutograd's runtime wrapper")
+        aligned = len(example_inputs) == len(args)
+        return compile_fx(gm, list(example_inputs), opts, kind="export", params=params,
+                          param_values=args if aligned else None, keep=kept.append)
+
+    def no_backward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        raise AssertionError("an exported program compiles for inference only")
+
+    with torch.no_grad(), tracing(TracingContext(None)):
+        aot_module_simplified(ep.graph_module, args, fw_compiler=no_backward,
+                              bw_compiler=no_backward, inference_compiler=inference,
+                              decompositions=decomposition_table(kept_whole(opts)))
+    if why:
+        raise PackageError(f"{where}: cannot package this model: {why[0]}")
+    if not kept:
+        raise PackageError(f"{where}: cannot package this model: its graph did not compile "
+                           "whole (it or one of its kernels fell back to ATen; see the "
+                           "warning, or pass options={'strict': True})")
+    return kept[0]
+
+
+def _contents(ep: torch.export.ExportedProgram, art: Artifact, weights: bool, where: str
+              ) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The members (but program.json) and program.json's data."""
+    enc = encode(art.source, art.globals)
+    members: dict[str, bytes] = {"exported.txt": str(ep).encode(),
+                                 "wrapper.py": art.source.encode()}
+    kernels = [_kernel(launcher, members, where) for launcher in enc.kernels.values()]
+    constants = {}
+    for key, t in enc.constants.items():
+        member = f"constants/{len(constants)}.bin"
+        members[member] = fmt.tensor_bytes(t)
+        constants[key] = {**fmt.tensor_meta(t), "member": member}
+    slots, stored = _inputs(ep, weights, members)
+    program = {"graph": enc.program, "kernels": kernels, "constants": constants,
+               "inputs": slots, "weights": stored, "user_inputs": _user_inputs(ep),
+               "user_outputs": sum(s.kind == OutputKind.USER_OUTPUT
+                                   for s in ep.graph_signature.output_specs),
+               "out_spec": pytree.treespec_dumps(ep.call_spec.out_spec)}
+    return members, program
+
+
+def _kernel(launcher: Launcher, members: dict[str, bytes], where: str) -> dict[str, Any]:
+    """A kernel's entry, its source and library added to `members`. The library is
+    the one the compilation built, from the kernel cache (runtime/build.py)."""
+    recipe, spec = launcher.recipe, launcher.spec
+    if recipe is None or recipe.target != "openmp":
+        raise PackageError(f"{where}: kernel {spec.name} is a "
+                           f"{getattr(recipe, 'target', 'unknown')} kernel; packages hold "
+                           "OpenMP (CPU) kernels only so far: package for the CPU, or pass "
+                           "options={'target': 'aten'}")
+    _, source = build_cpp(recipe.source, spec.name, recipe.contract)
+    members[f"kernels/{spec.name}.cpp"] = recipe.source.encode()
+    members[f"kernels/{spec.name}.so"] = source.with_suffix(".so").read_bytes()
+    return {"launcher": recipe.launcher, "target": recipe.target, "contract": recipe.contract,
+            "source": f"kernels/{spec.name}.cpp", "binary": f"kernels/{spec.name}.so",
+            "spec": fmt.spec_data(spec)}
+
+
+def _inputs(ep: torch.export.ExportedProgram, weights: bool, members: dict[str, bytes]
+            ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Per graph input: a user input or a stored tensor by name; and those tensors.
+    Parameters and persistent buffers (the state_dict's) are left out with
+    `weights=False`; constants and non-persistent buffers are always stored."""
+    state = ep.state_dict
+    slots: list[dict[str, Any]] = []
+    stored: dict[str, dict[str, Any]] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            slots.append({"kind": "user"})
+            continue
+        name = str(spec.target)
+        t = state[name] if name in state else ep.constants[name]
+        slots.append({"kind": "weight", "name": name})
+        entry = {**fmt.tensor_meta(t), "member": None}
+        if weights or name not in state:
+            entry["member"] = f"weights/{len(stored)}.bin"
+            members[entry["member"]] = fmt.tensor_bytes(t)
+        stored[name] = entry
+    return slots, stored
+
+
+def _user_inputs(ep: torch.export.ExportedProgram) -> list[dict[str, Any]]:
+    """What each user input must be: dtype, device, and per dim a size or a symbol."""
+    vals = {n.name: n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"}
+    found = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        val = vals[spec.arg.name]
+        if not isinstance(val, torch.Tensor):
+            raise PackageError(f"input {spec.arg.name} is a {type(val).__name__}; packages "
+                               "take tensors")
+        shape = [int(s) if isinstance(s, int) else {"sym": str(s.node.expr)}
+                 for s in val.shape]
+        found.append({"dtype": fmt.tensor_meta(val)["dtype"], "device": str(val.device),
+                      "shape": shape})
+    return found
+
+
+def _ranges(ep: torch.export.ExportedProgram) -> dict[str, list[int | None]]:
+    """Each dynamic dim's symbol and its range (None: unbounded)."""
+    def bound(v: Any) -> int | None:
+        try:
+            return int(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
+
+    return {str(sym): [bound(r.lower), bound(r.upper)]
+            for sym, r in ep.range_constraints.items()}
+
+
+def _target(art: Artifact, ep: torch.export.ExportedProgram) -> dict[str, Any]:
+    launchers = [v for v in art.globals.values() if isinstance(v, Launcher)]
+    devices = {str(n.meta["val"].device).split(":")[0] for n in ep.graph.nodes
+               if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
+    device = "cuda" if "cuda" in devices else "cpu"
+    if not launchers:
+        return fmt.device_target(device, "aten")
+    contract = any(launcher.recipe.contract for launcher in launchers)
+    return fmt.cpu_target("openmp", contract)
