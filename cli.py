@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="time each kernel and ATen call of the compiled graphs' calls "
                         "(report.json, report.html, and a top-10 table)")
     c.add_argument("--quiet", action="store_true", help="no summary table")
+    c.add_argument("--package", metavar="PATH", default=None,
+                   help="also write SCRIPT's `model` and `example_inputs` (and its "
+                        "`dynamic_shapes`, if any) as a package: rewritec.load_package(PATH)")
     common(c)
 
     e = sub.add_parser("explain", help="why a rule did (not) fire on SCRIPT's graphs")
@@ -124,6 +127,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if scope is None:
         return code
     aot = compile_ahead_of_time(scope, options)
+    if args.package:
+        written = _package(scope, args.script, args.package, options)
+        if written is None:
+            return _fail(f"{args.script} defines no module-level `model` (an nn.Module) and "
+                         "`example_inputs` to package")
     data = report.report_data(report.RECORDS, options=options, script=args.script,
                               ahead_of_time=aot)
     try:
@@ -142,6 +150,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"\nartifacts: {out}{os.sep} (report.json, report.html, captured/final graphs, "
               "generated code)")
     return 0
+
+
+def _package(scope: dict[str, Any], script: str, path: str, options: dict[str, Any]
+             ) -> Path | None:
+    """SCRIPT's model written as a package (frontend/package.py), or None if it has none."""
+    import torch
+
+    from .frontend.package import package
+
+    model, inputs = scope.get("model"), scope.get("example_inputs")
+    if not isinstance(model, torch.nn.Module) or inputs is None:
+        return None
+    written = package(model, inputs, path, dynamic_shapes=scope.get("dynamic_shapes"),
+                      options={k: v for k, v in options.items() if k != "out_dir"})
+    print(f"package: {written}")
+    return written
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -1,0 +1,380 @@
+"""Packages (runtime/package.py, frontend/package.py): round trips equal eager,
+weights given by name, dynamic batch, every refusal, and loading without a compiler."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import rewritec
+from rewritec.cli import main as cli_main
+from rewritec.runtime.build import cxx
+
+OPENMP = cxx() is not None
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc2(F.gelu(self.ln(self.fc1(x)))), dim=-1)
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+
+
+class Reduce(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        y = torch.exp(x - x.amax(dim=1, keepdim=True))
+        return y.sum(dim=0), {"norm": (x * x).sum(dim=-1).sqrt()}
+
+
+def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP().eval(), (torch.randn(4, 16),)
+    if name == "conv":
+        net = ConvNet().eval()
+        with torch.no_grad():  # running statistics other than 0 and 1
+            net.bn.running_mean.uniform_(-0.5, 0.5)
+            net.bn.running_var.uniform_(0.5, 2.0)
+        return net, (torch.randn(2, 3, 8, 8),)
+    return Reduce(), (torch.randn(6, 24),)
+
+
+@pytest.fixture(scope="module")
+def mlp_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model, inputs = _model("mlp")
+    return rewritec.package(model, inputs, tmp_path_factory.mktemp("pkg") / "mlp.rwc")
+
+
+@pytest.mark.parametrize("name", ["mlp", "conv", "reduce"])
+def test_round_trip_equals_eager(name: str, tmp_path: Path) -> None:
+    model, inputs = _model(name)
+    path = rewritec.package(model, inputs, tmp_path / f"{name}.rwc")
+    loaded = rewritec.load_package(path)
+    with torch.no_grad():
+        want = model(*inputs)
+    torch.testing.assert_close(loaded(*inputs), want)
+    manifest = loaded.manifest
+    assert manifest["versions"]["torch"] == torch.__version__
+    if OPENMP:  # the package runs generated kernels, not only ATen
+        assert manifest["target"]["kernels"] == "openmp"
+        assert any(m.endswith(".so") for m in manifest["members"])
+        assert manifest["target"]["cpu"] and "-march=native" in manifest["target"]["flags"]
+
+
+def test_every_member_is_hashed(mlp_package: Path) -> None:
+    with zipfile.ZipFile(mlp_package) as z:
+        manifest = json.loads(z.read("manifest.json"))
+        names = set(z.namelist()) - {"manifest.json"}
+        assert names == set(manifest["members"])
+        for name in names:
+            assert hashlib.sha256(z.read(name)).hexdigest() == manifest["members"][name]
+        assert {"program.json", "exported.txt", "wrapper.py"} <= names
+
+
+def test_aten_target_package(tmp_path: Path) -> None:
+    model, inputs = _model("mlp")
+    path = rewritec.package(model, inputs, tmp_path / "a.rwc", options={"target": "aten"})
+    loaded = rewritec.load_package(path)
+    assert loaded.manifest["target"] == {"device": "cpu", "kernels": "aten"}
+    torch.testing.assert_close(loaded(*inputs), model(*inputs))
+
+
+def test_weights_left_out_come_from_state_dict(tmp_path: Path) -> None:
+    model, inputs = _model("mlp")
+    path = rewritec.package(model, inputs, tmp_path / "w.rwc", weights=False)
+    with zipfile.ZipFile(path) as z:
+        assert not any(n.startswith("weights/") for n in z.namelist())
+    with pytest.raises(rewritec.PackageError, match="weight 'fc1.weight' is not in the package"):
+        rewritec.load_package(path)
+    other = MLP().eval()  # the same structure, other weights
+    loaded = rewritec.load_package(path, state_dict=other.state_dict())
+    torch.testing.assert_close(loaded(*inputs), other(*inputs))
+    bad = dict(other.state_dict(), **{"ln.weight": torch.ones(31)})
+    with pytest.raises(rewritec.PackageError, match=r"weight 'ln.weight' is \(\(31,\)"):
+        rewritec.load_package(path, state_dict=bad)
+
+
+def test_dynamic_batch_stays_dynamic(tmp_path: Path) -> None:
+    model, inputs = _model("mlp")
+    batch = torch.export.Dim("batch", min=2, max=64)
+    path = rewritec.package(model, inputs, tmp_path / "d.rwc",
+                            dynamic_shapes=({0: batch},))
+    loaded = rewritec.load_package(path)
+    assert list(loaded.manifest["dynamic"].values()) == [[2, 64]]
+    for n in (2, 5, 13, 64):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(loaded(x), model(x))
+    with pytest.raises(rewritec.PackageError, match="takes 2..64"):
+        loaded(torch.randn(65, 16))
+    with pytest.raises(rewritec.PackageError, match="size 15 in dim 1, the package was "
+                                                    "compiled for 16"):
+        loaded(torch.randn(4, 15))
+
+
+def test_static_package_refuses_other_sizes(mlp_package: Path) -> None:
+    loaded = rewritec.load_package(mlp_package)
+    with pytest.raises(rewritec.PackageError, match="size 5 in dim 0, the package was "
+                                                    "compiled for 4"):
+        loaded(torch.randn(5, 16))
+    with pytest.raises(rewritec.PackageError, match="float64"):
+        loaded(torch.randn(4, 16, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _rewrite(src: Path, dst: Path, change: dict[str, bytes | None],
+             manifest: dict | None = None) -> Path:
+    """A copy of package `src` with members replaced, added or (None) dropped; the
+    manifest as given (default: the original, so hashes no longer match)."""
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members.update({k: v for k, v in change.items() if v is not None})
+    for k in [k for k, v in change.items() if v is None]:
+        members.pop(k)
+    if manifest is not None:
+        members["manifest.json"] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(dst, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return dst
+
+
+def _manifest(path: Path) -> dict:
+    with zipfile.ZipFile(path) as z:
+        return json.loads(z.read("manifest.json"))
+
+
+def test_tampered_member_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(mlp_package) as z:
+        weights = bytearray(z.read("weights/0.bin"))
+    weights[0] ^= 1
+    bad = _rewrite(mlp_package, tmp_path / "t.rwc", {"weights/0.bin": bytes(weights)})
+    with pytest.raises(rewritec.PackageError, match=r"t\.rwc: member weights/0.bin was "
+                                                    r"changed: its sha256 is"):
+        rewritec.load_package(bad)
+
+
+def test_flipped_byte_in_file_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    data = bytearray(mlp_package.read_bytes())
+    with zipfile.ZipFile(mlp_package) as z:
+        info = z.getinfo("program.json")
+    data[info.header_offset + 30 + len(info.filename) + 5] ^= 0xFF  # inside its bytes
+    bad = tmp_path / "f.rwc"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(rewritec.PackageError, match=r"f\.rwc: member program.json "
+                                                    r"(is damaged|was changed)"):
+        rewritec.load_package(bad)
+
+
+def test_truncated_file_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "cut.rwc"
+    bad.write_bytes(mlp_package.read_bytes()[:-200])
+    with pytest.raises(rewritec.PackageError, match=r"cut\.rwc: truncated or damaged"):
+        rewritec.load_package(bad)
+
+
+def test_foreign_files_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("model.pt", b"weights")
+    with pytest.raises(rewritec.PackageError, match=r"other\.zip: not a rewritec package"):
+        rewritec.load_package(other)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(rewritec.PackageError, match=r"notes\.txt: not a rewritec package "
+                                                    r"\(not a zip file\)"):
+        rewritec.load_package(text)
+    with pytest.raises(rewritec.PackageError, match="no such file"):
+        rewritec.load_package(tmp_path / "missing.rwc")
+
+
+def test_other_torch_version_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    manifest = _manifest(mlp_package)
+    manifest["versions"]["torch"] = "1.0.0"
+    bad = _rewrite(mlp_package, tmp_path / "v.rwc", {}, manifest)
+    with pytest.raises(rewritec.PackageError,
+                       match=re.escape(f"made for torch 1.0.0, this is torch {torch.__version__}")):
+        rewritec.load_package(bad)
+
+
+def test_other_triton_version_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    manifest = _manifest(mlp_package)
+    manifest["versions"]["triton"] = "0.0.1"
+    manifest["target"] = {"device": "cuda", "kernels": "triton", "arch": "sm_90"}
+    bad = _rewrite(mlp_package, tmp_path / "tr.rwc", {}, manifest)
+    with pytest.raises(rewritec.PackageError, match="made for Triton 0.0.1, this is Triton"):
+        rewritec.load_package(bad)
+
+
+@pytest.mark.skipif(not OPENMP, reason="no C++ compiler: no OpenMP kernels")
+def test_other_cpu_target_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    manifest = _manifest(mlp_package)
+    mine = manifest["target"]["cpu"]
+    manifest["target"]["cpu"] = "0123456789abcdef"
+    bad = _rewrite(mlp_package, tmp_path / "c.rwc", {}, manifest)
+    with pytest.raises(rewritec.PackageError, match=f"built for CPU cpu 0123456789abcdef, "
+                                                    f"this machine is {mine}"):
+        rewritec.load_package(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_package_without_gpu_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    manifest = _manifest(mlp_package)
+    manifest["target"] = {"device": "cuda", "kernels": "aten"}
+    bad = _rewrite(mlp_package, tmp_path / "g.rwc", {}, manifest)
+    with pytest.raises(rewritec.PackageError, match="made for cuda"):
+        rewritec.load_package(bad)
+
+
+def test_pickle_member_is_refused(mlp_package: Path, tmp_path: Path) -> None:
+    import pickle
+
+    data = pickle.dumps({"x": 1})
+    manifest = _manifest(mlp_package)
+    manifest["members"]["data.pkl"] = hashlib.sha256(data).hexdigest()
+    bad = _rewrite(mlp_package, tmp_path / "p.rwc", {"data.pkl": data}, manifest)
+    with pytest.raises(rewritec.PackageError, match=r"holds 'data.pkl', which is not plain"):
+        rewritec.load_package(bad)
+
+
+@pytest.mark.parametrize("step", [
+    {"out": "v99", "fn": "builtins.eval", "args": ["1"]},
+    {"out": "v99", "op": "aten::_foreach_add.List", "args": [], "kwargs": {"x\nimport os": 1}},
+    {"out": "v99\nimport os", "op": "aten::t.default", "args": [{"v": "a0"}]},
+    {"out": "v99", "op": "torch.load", "args": []},
+])
+def test_program_names_only_allowed_calls(mlp_package: Path, tmp_path: Path,
+                                          step: dict) -> None:
+    with zipfile.ZipFile(mlp_package) as z:
+        program = json.loads(z.read("program.json"))
+    program["graph"]["steps"].insert(0, step)
+    data = json.dumps(program).encode()
+    manifest = _manifest(mlp_package)
+    manifest["members"]["program.json"] = hashlib.sha256(data).hexdigest()
+    bad = _rewrite(mlp_package, tmp_path / "s.rwc", {"program.json": data}, manifest)
+    with pytest.raises(rewritec.PackageError, match=r"s\.rwc: program.json"):
+        rewritec.load_package(bad)
+
+
+def test_triton_kernels_are_not_packaged_yet(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
+    model, inputs = _model("mlp")
+    with pytest.raises(rewritec.PackageError, match="triton kernel; packages hold OpenMP"):
+        rewritec.package(model, inputs, tmp_path / "t.rwc", options={"target": "triton"})
+
+
+def test_mutating_model_is_refused(tmp_path: Path) -> None:
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls.add_(1)
+            return x * 2
+
+    with pytest.raises(rewritec.PackageError, match="writes an input or buffer in place"):
+        rewritec.package(Counter(), (torch.randn(3),), tmp_path / "m.rwc")
+
+
+# --------------------------------------------------------------------------- no compiler
+
+
+NO_COMPILER = textwrap.dedent("""
+    import subprocess, sys
+    def refuse(*a, **k):
+        raise AssertionError("a process was started while loading: " + repr(a[:1]))
+    subprocess.Popen = refuse  # g++ above all
+    import torch
+    def refuse_fn(name):
+        def fn(*a, **k):
+            raise AssertionError(name + " was called while loading")
+        return fn
+    torch.compile = refuse_fn("torch.compile")
+    torch.export.export = refuse_fn("torch.export.export")
+    import rewritec
+    x, want = torch.load(sys.argv[2], weights_only=True)
+    loaded = rewritec.load_package(sys.argv[1])
+    torch.testing.assert_close(loaded(x), want)
+    forbidden = ["rewritec.compiler", "rewritec.rulesets", "rewritec.engine.rules",
+                 "rewritec.engine.rewrite", "rewritec.engine.pipeline", "rewritec.kinds.kernels",
+                 "rewritec.kinds.templates", "rewritec.runtime.prepare", "torch._dynamo",
+                 "torch._functorch.aot_autograd", "torch._inductor", "jinja2", "lark", "yaml"]
+    loaded_mods = [m for m in forbidden if m in sys.modules]
+    loaded_mods += [m for m in sys.modules if m.startswith("rewritec.frontend")]
+    assert not loaded_mods, loaded_mods
+    print("loaded without compiling")
+""")
+
+
+def test_load_runs_no_compiler(mlp_package: Path, tmp_path: Path) -> None:
+    """In a fresh process: no TorchDynamo, AOTAutograd, rule loading, code generation
+    or compiler process while loading and calling; the result equals eager."""
+    model, inputs = _model("mlp")
+    with torch.no_grad():
+        torch.save((inputs[0], model(*inputs)), tmp_path / "io.pt")
+    res = subprocess.run([sys.executable, "-c", NO_COMPILER, str(mlp_package),
+                          str(tmp_path / "io.pt")], capture_output=True, text=True, timeout=120,
+                         check=False, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "loaded without compiling" in res.stdout
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_compile_package(tmp_path: Path) -> None:
+    script = tmp_path / "m.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16)).eval()
+        example_inputs = (torch.randn(3, 8),)
+        dynamic_shapes = ({0: torch.export.Dim("batch", max=32)},)
+    """))
+    path = tmp_path / "m.rwc"
+    code = cli_main(["compile", str(script), "--package", str(path), "--quiet",
+                     "--out", str(tmp_path / "out")])
+    assert code == 0
+    scope: dict = {}
+    exec(script.read_text(), scope)  # noqa: S102 - the test's own script
+    loaded = rewritec.load_package(path)
+    for n in (3, 7):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(loaded(x), scope["model"](x))
+
+
+def test_cli_package_needs_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "f.py"
+    script.write_text("import torch\ny = torch.compile(lambda x: x.sin())(torch.randn(4))\n")
+    code = cli_main(["compile", str(script), "--package", str(tmp_path / "f.rwc"), "--quiet",
+                     "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "defines no module-level `model`" in capsys.readouterr().err
