@@ -429,7 +429,7 @@ def _geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
 
 
 def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
-    shape = list(torch.broadcast_shapes(*(x.shape for x in inputs)))
+    shape = broadcast_sizes([x.shape for x in inputs])
     dim = spec.meta.get("dim")
     if len(shape) < spec.rank:
         shape = [1] * (spec.rank - len(shape)) + shape
@@ -471,6 +471,20 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     count = numel if spec.kind == "pointwise" else (_numel(space) // cols if cols else 0)
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
                      flat, numel, direct, (*space, *strides, count, cols))
+
+
+def broadcast_sizes(shapes: Sequence[Sequence[int]]) -> list[int]:
+    """torch.broadcast_shapes of concrete sizes, without it: its first call imports
+    torch's symbolic shapes and sympy (half a second of a loaded package's first call)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, n in enumerate(s, rank - len(s)):
+            if n != 1:
+                if out[i] != 1 and out[i] != n:
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[i] = n
+    return out
 
 
 def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from .launch import (
     CppLauncher,
     Launcher,
     _numel,
+    broadcast_sizes,
     cached_geometry,
     dense_strides,
     empty_strided,
@@ -178,8 +179,8 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
                         ) -> _ReductionGeometry:
     meta = spec.meta
     dims, kept = meta["dims"], meta["kept"]
-    shape = list(torch.broadcast_shapes(*(x.shape for x, p in zip(inputs, meta["phases"],
-                                                                 strict=True) if "in" in p)))
+    shape = broadcast_sizes([x.shape for x, p in zip(inputs, meta["phases"], strict=True)
+                             if "in" in p])
     shape = [1] * (spec.rank - len(shape)) + shape
     space = tuple(shape[k] for k in kept + list(dims))
     out_shape = [1 if k in dims else shape[k] for k in range(spec.rank)] if meta["keepdim"] \

@@ -329,3 +329,16 @@ def test_reductions_on_the_gpu_replay_their_plans(monkeypatch: pytest.MonkeyPatc
     assert launchers, "no reduction launcher learned a plan"
     plans = [p for lr in launchers for p in lr.plans.values()]
     assert any(p is not launch.NO_PLAN for p in plans)
+
+
+@pytest.mark.parametrize("shapes", [[(4, 1), (3,)], [(2, 1, 5), (7, 1)], [(0, 3), (1, 3)],
+                                    [()], [(5,), ()], [(2, 3), (4, 3)], [(0,), (2,)]])
+def test_broadcast_sizes_is_torchs(shapes: list[tuple[int, ...]]) -> None:
+    """The launchers' broadcast (which spares a first launch torch's sympy import)."""
+    try:
+        want = list(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="do not broadcast"):
+            launch.broadcast_sizes(shapes)
+        return
+    assert launch.broadcast_sizes(shapes) == want
