@@ -179,7 +179,8 @@ def read(path: str | Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     against its hash; PackageError for anything else."""
     where = str(path)
     try:
-        head = Path(path).read_bytes()[:4]
+        with open(path, "rb") as f:
+            head = f.read(4)
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise PackageError(f"{where}: no such file") from None
@@ -278,6 +279,10 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) ->
         tensors = {key: _tensor(meta, members, where)
                    for key, meta in data.get("constants", {}).items()}
         weights = _weights(data.get("weights", {}), members, state_dict, where)
+        if len(data["graph"]["inputs"]) != len(data["inputs"]):
+            raise PackageError(f"{where}: program.json is malformed: the graph takes "
+                               f"{len(data['graph']['inputs'])} inputs, "
+                               f"{len(data['inputs'])} are described")
         fn, source = Program(data["graph"], where).build(kernels, tensors)
         out_spec = pytree.treespec_loads(data["out_spec"])
         return Loaded(where, manifest, fn, source, data["inputs"], data["user_inputs"],
@@ -407,6 +412,9 @@ class Loaded:
         self._user_outputs = user_outputs
         self._out_spec = out_spec
         self._ranges = {k: tuple(v) for k, v in manifest.get("dynamic", {}).items()}
+        if sum(s is None for s in self._slots) != len(user_inputs):
+            raise PackageError(f"{where}: program.json is malformed: {len(user_inputs)} user "
+                               f"inputs described, {sum(s is None for s in self._slots)} taken")
 
     def __call__(self, *inputs: Any) -> Any:
         self._check(inputs)

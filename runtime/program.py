@@ -72,7 +72,7 @@ def encode(source: str, bound: dict[str, Any]) -> Encoded:
     for stmt in fn.body:
         if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple):
             program["inputs"] = [_name(e) for e in stmt.targets[0].elts]
-        elif isinstance(stmt, ast.Expr):  # args.clear()
+        elif isinstance(stmt, ast.Expr) and ast.unparse(stmt) == "args.clear()":
             continue
         elif isinstance(stmt, ast.Delete):
             program["steps"].append({"del": [_name(t) for t in stmt.targets[0].elts]}
