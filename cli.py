@@ -1,6 +1,7 @@
 """The `rewritec` command line.
 
     rewritec compile SCRIPT [--out DIR] [--device cpu|cuda] [--rules PATH]... [--profile]
+                            [--package PATH]
     rewritec explain SCRIPT --rule NAME
     rewritec report DIR
     rewritec rules list | check | test [--rules PATH]...

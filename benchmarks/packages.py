@@ -83,26 +83,29 @@ class Reduce(nn.Module):
         return torch.exp(x - x.amax(dim=-1, keepdim=True)).sum(dim=0) + (x * x).mean(dim=-1).sum()
 
 
-class Positional(nn.Module):
-    """A models-suite model called with positional tensors (what export and packages take)."""
+class Logits(nn.Module):
+    """A transformers language model called with token ids, returning its logits
+    (no KV cache: a package, as export, takes and returns tensors)."""
 
-    def __init__(self, built: Any, keys: Sequence[str]) -> None:
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.inner, self.keys, self.built = built.model, list(keys), built
+        self.inner = inner
 
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.built.forward(self.inner, dict(zip(self.keys, xs, strict=True)))
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=input_ids, use_cache=False).logits
 
 
 def build(name: str, device: torch.device) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The model (eval, on `device`) and its inputs, the same in every process."""
     torch.manual_seed(0)
-    if name in GPU_MODELS:
+    if name in GPU_MODELS:  # the models suite's, at batch 1
         built = BY_NAME[name].build(False)
         inputs = built.make_inputs(1, device)
-        keys = [k for k in inputs if k != "labels"]
-        model: nn.Module = Positional(built, keys)
-        xs = tuple(inputs[k] for k in keys)
+        if name == "gpt2":
+            model: nn.Module = Logits(built.model)
+            xs = (inputs["input_ids"],)
+        else:
+            model, xs = built.model, (inputs["images"],)
     else:
         model = {"mlp": MLP, "convnet": ConvNet, "reduce": Reduce}[name]()
         shape = {"mlp": (32, 256), "convnet": (8, 3, 32, 32), "reduce": (64, 1024)}[name]
@@ -219,7 +222,9 @@ def markdown(rows: Sequence[dict[str, Any]], env: dict[str, Any], repeats: int) 
              f"torch {env['torch']}, triton {env['triton']}, python {env['python']}, "
              f"commit {env['git_commit']}, {env['date']}; `{env['command']}`.", "",
              f"Fresh process, from before `import torch` to the first result; median of "
-             f"{repeats}. See benchmarks/packages.py for what each column runs.", "",
+             f"{repeats}. write s: writing the package (torch.compile: the cold process "
+             "that fills its caches). See benchmarks/packages.py for what each column runs.",
+             "",
              "| model | way | first result s | write s | file MB | err |", "|" + "---|" * 6]
     for r in rows:
         if "error" in r:

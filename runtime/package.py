@@ -256,10 +256,10 @@ def check_compatible(manifest: dict[str, Any], where: str) -> None:
         raise PackageError(f"{where}: made for {device}, and torch sees no CUDA GPU here")
     if device == "cpu":
         mine = cpu_target(str(tgt.get("kernels")))
-        for key in ("machine", "cpu"):
+        for key, label in (("machine", "machine type"), ("cpu", "CPU target")):
             if key in tgt and tgt[key] != mine.get(key):
-                raise PackageError(f"{where}: its kernels were built for CPU {key} "
-                                   f"{tgt[key]}, this machine is {mine.get(key)}")
+                raise PackageError(f"{where}: its kernels were built for {label} {tgt[key]}, "
+                                   f"this machine's is {mine.get(key)}")
 
 
 # --------------------------------------------------------------------------- load

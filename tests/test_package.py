@@ -236,8 +236,8 @@ def test_other_cpu_target_is_refused(mlp_package: Path, tmp_path: Path) -> None:
     mine = manifest["target"]["cpu"]
     manifest["target"]["cpu"] = "0123456789abcdef"
     bad = _rewrite(mlp_package, tmp_path / "c.rwc", {}, manifest)
-    with pytest.raises(rewritec.PackageError, match=f"built for CPU cpu 0123456789abcdef, "
-                                                    f"this machine is {mine}"):
+    with pytest.raises(rewritec.PackageError, match=f"built for CPU target 0123456789abcdef, "
+                                                    f"this machine's is {mine}"):
         rewritec.load_package(bad)
 
 
@@ -287,6 +287,21 @@ def test_triton_kernels_are_not_packaged_yet(tmp_path: Path) -> None:
     model, inputs = _model("mlp")
     with pytest.raises(rewritec.PackageError, match="triton kernel; packages hold OpenMP"):
         rewritec.package(model, inputs, tmp_path / "t.rwc", options={"target": "triton"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_package_of_aten_calls(tmp_path: Path) -> None:
+    """On CUDA a package holds ATen calls (Triton kernels are not packaged yet)."""
+    model, inputs = _model("mlp")
+    model, inputs = model.cuda(), tuple(x.cuda() for x in inputs)
+    with pytest.raises(rewritec.PackageError, match="triton kernel; packages hold OpenMP"):
+        rewritec.package(model, inputs, tmp_path / "t.rwc")
+    path = rewritec.package(model, inputs, tmp_path / "a.rwc", options={"target": "aten"})
+    loaded = rewritec.load_package(path)
+    assert loaded.manifest["target"] == {"device": "cuda", "kernels": "aten"}
+    torch.testing.assert_close(loaded(*inputs), model(*inputs))
+    with pytest.raises(rewritec.PackageError, match="on cpu, the package takes"):
+        loaded(inputs[0].cpu())
 
 
 def test_mutating_model_is_refused(tmp_path: Path) -> None:
