@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ..engine.errors import PackageError
-from .graph_cache import _ALLOWED_FNS, _callable_ref, _op
+from .graph_cache import _ALLOWED_FNS, _callable_ref
 from .launch import Launcher
 from .namespace import namespace
 
@@ -188,6 +188,21 @@ class _Encoder:
 # --------------------------------------------------------------------------- build
 
 
+def overload(ns: str, name: str, overload: str) -> torch._ops.OpOverload | None:
+    """torch.ops.<ns>.<name>.<overload> if it is that op (ATen's own start with `_`
+    too: `_to_copy`, `_softmax`), never another attribute of torch.ops."""
+    if name.startswith("__") or overload.startswith("__"):
+        return None
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        op = getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        return None
+    if isinstance(op, torch._ops.OpOverload) and op._schema.name == f"{ns}::{name}":
+        return op
+    return None
+
+
 @dataclass
 class Program:
     """A checked program, made into the wrapper function it stands for."""
@@ -263,7 +278,7 @@ class _Generator:
     def callee(self, step: dict[str, Any]) -> str:
         if "op" in step:
             m = OP_NAME.match(str(step["op"]))
-            op = _op(m.group(1), m.group(2), m.group(3)) if m else None
+            op = overload(m.group(1), m.group(2), m.group(3)) if m else None
             if not isinstance(op, torch._ops.OpOverload):
                 raise self.bad(f"calls {step['op']!r}, which is not an ATen or prims op")
             if op.namespace == "aten":  # as the compiled wrapper spells it (namespace.py)
