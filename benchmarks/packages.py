@@ -9,8 +9,8 @@ Each number is one fresh process, from before `import torch` to the first result
 (synchronized on CUDA), the median of `--repeats` processes:
 
 - `rewritec package`: `rewritec.load_package(path)` and a first call. The package
-  was written beforehand (`rewritec.package`); on CUDA it holds no kernels yet (Triton
-  kernels are not packaged: `options={"target": "aten"}`, ATen ops only).
+  was written beforehand (`rewritec.package`, `--target`: its kernels; on CUDA the
+  Triton binaries of its launches, `--target aten` for ATen calls only).
 - `torch.compile warm`: `torch.compile(model)` (Inductor) and a first call, with
   Inductor's and Triton's caches filled by an earlier process (a warm start). Building
   the model in the process is not counted (a package carries its weights; here they
@@ -162,16 +162,15 @@ def run_child(way: str, name: str, device: str, path: Path, io: Path, env: dict[
 # --------------------------------------------------------------------------- parent
 
 
-def prepare(way: str, name: str, device: torch.device, work: Path, env: dict[str, str]
-            ) -> tuple[Path, float]:
+def prepare(way: str, name: str, device: torch.device, work: Path, env: dict[str, str],
+            target: str = "auto") -> tuple[Path, float]:
     """Write the package of `way` (or warm torch.compile's caches); its path and seconds."""
     model, xs = build(name, device)
     t = time.perf_counter()
     if way == "rewritec":
         import rewritec
 
-        options = {"target": "aten"} if device.type == "cuda" else {}
-        path = rewritec.package(model, xs, work / f"{name}.rwc", options=options)
+        path = rewritec.package(model, xs, work / f"{name}.rwc", options={"target": target})
     elif way == "aoti":
         with torch.no_grad():
             ep = torch.export.export(model, xs)
@@ -185,8 +184,8 @@ def prepare(way: str, name: str, device: torch.device, work: Path, env: dict[str
     return path, time.perf_counter() - t
 
 
-def measure(name: str, device: torch.device, repeats: int, ways: Sequence[str] = WAYS
-            ) -> list[dict[str, Any]]:
+def measure(name: str, device: torch.device, repeats: int, ways: Sequence[str] = WAYS,
+            target: str = "auto") -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="rewritec-packages-"))
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
                TRITON_CACHE_DIR=str(work / "triton"), REWRITEC_CACHE_DIR=str(work / "rewritec"))
@@ -198,7 +197,7 @@ def measure(name: str, device: torch.device, repeats: int, ways: Sequence[str] =
         for way in ways:
             row: dict[str, Any] = {"model": name, "way": way}
             try:
-                path, row["write_s"] = prepare(way, name, device, work, env)
+                path, row["write_s"] = prepare(way, name, device, work, env, target)
                 runs = [run_child(way, name, str(device), path, work / f"{name}.io.pt", env)
                         for _ in range(repeats)]
                 bad = [r["error"] for r in runs if "error" in r]
@@ -244,6 +243,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--models", default=None, help="comma-separated (default: by device)")
     p.add_argument("--ways", default=",".join(WAYS), help="comma-separated, of " + ", ".join(WAYS))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--target", choices=("auto", "aten", "openmp", "triton"), default="auto",
+                   help="the rewritec package's kernels (default: the device's)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -260,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name in GPU_MODELS and BY_NAME[name].missing():
             print(f"{name}: skipped, {BY_NAME[name].missing()}")
             continue
-        rows += measure(name, device, args.repeats, args.ways.split(","))
+        rows += measure(name, device, args.repeats, args.ways.split(","), args.target)
     command = ["python", "-m", "benchmarks.packages", *(argv if argv is not None
                                                           else sys.argv[1:])]
     text = markdown(rows, environment_common(device, command), args.repeats)

@@ -8,17 +8,22 @@ declared dynamic is compiled symbolic: the wrapper computes sizes from the
 inputs and the OpenMP kernels take every size and stride at run time, so one
 package serves every size in the dim's range.
 
+On CUDA, the compiled graph is run once on the example inputs, so that each
+Triton kernel is compiled for its launches and its binaries stored
+(runtime/static_launch.py); the package holds those binaries, which are made per
+size: a package with Triton kernels has no dynamic dims.
+
 What a package cannot hold is refused here, with one PackageError: a graph that
 did not compile whole (it fell back to eager, or a kernel to ATen), Triton
-kernels (not packaged yet: compile for the CPU, or `options={"target": "aten"}`),
-a graph that needs AOTAutograd's runtime wrapper (an input or buffer written in
-place, an output aliasing an input), and `weights=False` with `freeze`, whose
-folded constants are made of the weights.
+kernels without binaries (TRITON_INTERPRET=1, mode max-autotune) or with dynamic
+dims, a graph that needs AOTAutograd's runtime wrapper (an input or buffer
+written in place, an output aliasing an input), and `weights=False` with
+`freeze`, whose folded constants are made of the weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ from ..compiler import compile_fx
 from ..engine.errors import PackageError
 from ..options import Options
 from ..runtime import package as fmt
+from ..runtime import static_launch
 from ..runtime.build import build_cpp
 from ..runtime.graph_cache import Artifact, aot_passes_through
 from ..runtime.launch import Launcher
@@ -55,7 +61,10 @@ def package(model: Any, example_inputs: Sequence[Any], path: str | Path, *,
         ep = model
     else:
         ep = _export(model, inputs, dynamic_shapes)
-    art = _compile(ep, inputs, opts, str(path))
+    art, run = _compile(ep, inputs, opts, str(path))
+    if any(launcher.recipe is not None and launcher.recipe.target == "triton"
+           for launcher in _launchers(art)):
+        _launch_triton_once(run, ep, str(path))
     members, program = _contents(ep, art, weights, str(path))
     manifest = {"versions": fmt.versions(), "target": _target(art, ep),
                 "dynamic": _ranges(ep), "weights": weights}
@@ -64,7 +73,7 @@ def package(model: Any, example_inputs: Sequence[Any], path: str | Path, *,
 
 
 def _compile(ep: torch.export.ExportedProgram, inputs: tuple[Any, ...], opts: Options,
-             where: str) -> Artifact:
+             where: str) -> tuple[Artifact, Callable[[], Any]]:
     """The exported graph compiled for inference, as the graph cache would store it.
     A dynamic export is traced with its symbolic example values, a static one with
     the real tensors (which `freeze` needs)."""
@@ -91,16 +100,38 @@ def _compile(ep: torch.export.ExportedProgram, inputs: tuple[Any, ...], opts: Op
         raise AssertionError("an exported program compiles for inference only")
 
     with torch.no_grad(), tracing(TracingContext(None)):
-        aot_module_simplified(ep.graph_module, args, fw_compiler=no_backward,
-                              bw_compiler=no_backward, inference_compiler=inference,
-                              decompositions=decomposition_table(kept_whole(opts)))
+        compiled = aot_module_simplified(ep.graph_module, args, fw_compiler=no_backward,
+                                         bw_compiler=no_backward, inference_compiler=inference,
+                                         decompositions=decomposition_table(kept_whole(opts)))
     if why:
         raise PackageError(f"{where}: cannot package this model: {why[0]}")
     if not kept:
         raise PackageError(f"{where}: cannot package this model: its graph did not compile "
                            "whole (it or one of its kernels fell back to ATen; see the "
                            "warning, or pass options={'strict': True})")
-    return kept[0]
+    user = iter(inputs)
+    real = [next(user) if t is None else t for t in lifted]
+    return kept[0], lambda: compiled(*real)
+
+
+def _launchers(art: Artifact) -> list[Launcher]:
+    return [v for v in art.globals.values() if isinstance(v, Launcher)]
+
+
+def _launch_triton_once(run: Callable[[], Any], ep: torch.export.ExportedProgram,
+                        where: str) -> None:
+    """Run the compiled graph on the example inputs: each Triton kernel is compiled
+    for its launches and its binaries stored (runtime/static_launch.py), which is
+    what the package holds. Binaries are made per size, so a dynamic dim cannot
+    keep them."""
+    if _ranges(ep):
+        raise PackageError(f"{where}: Triton kernels are compiled per size, so a package "
+                           "with dynamic dims cannot hold them: leave out dynamic_shapes, "
+                           "or pass options={'target': 'aten'}")
+    with torch.no_grad():
+        run()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _contents(ep: torch.export.ExportedProgram, art: Artifact, weights: bool, where: str
@@ -125,20 +156,51 @@ def _contents(ep: torch.export.ExportedProgram, art: Artifact, weights: bool, wh
 
 
 def _kernel(launcher: Launcher, members: dict[str, bytes], where: str) -> dict[str, Any]:
-    """A kernel's entry, its source and library added to `members`. The library is
-    the one the compilation built, from the kernel cache (runtime/build.py)."""
+    """A kernel's entry, its source and binaries added to `members`: the OpenMP
+    library the compilation built (runtime/build.py's cache), or the Triton binaries
+    its launches stored (runtime/static_launch.py)."""
     recipe, spec = launcher.recipe, launcher.spec
-    if recipe is None or recipe.target != "openmp":
-        raise PackageError(f"{where}: kernel {spec.name} is a "
-                           f"{getattr(recipe, 'target', 'unknown')} kernel; packages hold "
-                           "OpenMP (CPU) kernels only so far: package for the CPU, or pass "
-                           "options={'target': 'aten'}")
-    _, source = build_cpp(recipe.source, spec.name, recipe.contract)
-    members[f"kernels/{spec.name}.cpp"] = recipe.source.encode()
-    members[f"kernels/{spec.name}.so"] = source.with_suffix(".so").read_bytes()
-    return {"launcher": recipe.launcher, "target": recipe.target, "contract": recipe.contract,
-            "source": f"kernels/{spec.name}.cpp", "binary": f"kernels/{spec.name}.so",
-            "spec": fmt.spec_data(spec)}
+    if recipe is None or recipe.target not in ("openmp", "triton"):
+        raise PackageError(f"{where}: kernel {spec.name} has no recipe to package")
+    entry = {"launcher": recipe.launcher, "target": recipe.target,
+             "contract": recipe.contract, "spec": fmt.spec_data(spec)}
+    if recipe.target == "openmp":
+        _, source = build_cpp(recipe.source, spec.name, recipe.contract)
+        members[f"kernels/{spec.name}.cpp"] = recipe.source.encode()
+        members[f"kernels/{spec.name}.so"] = source.with_suffix(".so").read_bytes()
+        return {**entry, "source": f"kernels/{spec.name}.cpp",
+                "binary": f"kernels/{spec.name}.so"}
+    members[f"kernels/{spec.name}.py"] = recipe.source.encode()
+    return {**entry, "source": f"kernels/{spec.name}.py",
+            "binaries": _triton_binaries(launcher, members, where)}
+
+
+def _triton_binaries(launcher: Launcher, members: dict[str, bytes], where: str
+                     ) -> list[dict[str, Any]]:
+    """Each binary a launch of this kernel stored, by call, added to `members`."""
+    found = []
+    for kernel in launcher.watched():
+        binaries = getattr(kernel, "binaries", None)
+        if binaries is None:
+            raise PackageError(f"{where}: kernel {launcher.spec.name} has no Triton binaries "
+                               "to package (TRITON_INTERPRET=1, mode max-autotune, or a torch "
+                               "without the static CUDA launcher): package for the CPU, or "
+                               "pass options={'target': 'aten'}")
+        if (kernel.direct or kernel.jitted) and not binaries.calls:
+            raise PackageError(f"{where}: kernel {launcher.spec.name} launched, but its "
+                               f"binary cannot be launched without Triton "
+                               f"({binaries.failed or 'the static launcher does not take it'})")
+        for call, key in binaries.calls.items():
+            stored = static_launch.stored(key)
+            if stored is None:
+                raise PackageError(f"{where}: the binary of kernel {launcher.spec.name} is "
+                                   "no longer in the cache")
+            meta, cubin = stored
+            member = f"kernels/{launcher.spec.name}.{len(found)}.cubin"
+            members[member] = cubin
+            found.append({"symbol": kernel.symbol, "call": repr(call), "meta": meta,
+                          "cubin": member})
+    return found
 
 
 def _inputs(ep: torch.export.ExportedProgram, weights: bool, members: dict[str, bytes]
@@ -195,11 +257,13 @@ def _ranges(ep: torch.export.ExportedProgram) -> dict[str, list[int | None]]:
 
 
 def _target(art: Artifact, ep: torch.export.ExportedProgram) -> dict[str, Any]:
-    launchers = [v for v in art.globals.values() if isinstance(v, Launcher)]
+    launchers = _launchers(art)
     devices = {str(n.meta["val"].device).split(":")[0] for n in ep.graph.nodes
                if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
     device = "cuda" if "cuda" in devices else "cpu"
     if not launchers:
         return fmt.device_target(device, "aten")
+    if any(launcher.recipe.target == "triton" for launcher in launchers):
+        return fmt.device_target(device, "triton")
     contract = any(launcher.recipe.contract for launcher in launchers)
     return fmt.cpu_target("openmp", contract)

@@ -13,22 +13,27 @@ again. A package holds, each member listed with its sha256 in `manifest.json`:
     wrapper.py      the wrapper the compilation generated, as text (never run:
                     the loader generates the same function from program.json)
     kernels/NAME.cpp, kernels/NAME.so    each OpenMP kernel's source and library
+    kernels/NAME.py, kernels/NAME.N.cubin  each Triton kernel's source and binaries
+                    (one per launch signature, for the GPU architecture in the target)
     weights/N.bin, constants/N.bin       tensors as raw bytes (metadata in program.json)
 
 Loading imports only this layer and those below it: no TorchDynamo trace, no
 AOTAutograd, no rule file, no code generation and no compiler. Nothing in a
 package is unpickled or run as Python: tensors are raw bytes, the wrapper is
-regenerated from data checked against an allow-list. Its libraries are native
-code, loaded as they are (as AOTInductor's are): the hashes catch a damaged file,
+regenerated from data checked against an allow-list. Triton binaries launch
+through torch's static CUDA launcher (runtime/static_launch.py), without Triton;
+a launch the package holds no binary for is an error. Libraries and binaries are
+native code, loaded as they are (as AOTInductor's are): the hashes catch a damaged file,
 not a malicious one, so load only packages you trust. A package is refused, with
 one PackageError naming the file, when it is truncated, not a package, holds a
 member its manifest does not list or one that is not plain data (a pickle), when
 a member's hash does not match, or when it was made for another torch version,
-Triton version (packages with Triton kernels), CPU target or device.
+Triton version (packages with Triton kernels), CPU target, GPU architecture or device.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import importlib.metadata
@@ -36,11 +41,12 @@ import json
 import math
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +58,18 @@ from ..aten.dtypes import DTYPES, TORCH_DTYPES
 from ..engine.errors import PackageError
 from ..kinds.spec import KernelSpec, KInput, KOutput
 from .build import cxx_flags, target
-from .launch import Launcher
+from . import static_launch
+from .launch import _EMPTY_STRIDED_CUDA, Launcher
 from .program import Program
 from .recipe import LAUNCHERS
+from .triton_direct import DirectKernel
 
 FORMAT = "rewritec-package"
 FORMAT_VERSION = 1
 # What a member may be called; nothing else is loaded (a pickle least of all).
 MEMBER = re.compile(r"^(manifest\.json|program\.json|exported\.txt|wrapper\.py|"
-                    r"kernels/[A-Za-z][A-Za-z0-9_]*\.(cpp|so)|(weights|constants)/[0-9]+\.bin)$")
+                    r"kernels/[A-Za-z][A-Za-z0-9_]*\.(cpp|so|py|[0-9]+\.cubin)|"
+                    r"(weights|constants)/[0-9]+\.bin)$")
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,16 @@ def cpu_target(kernels: str, contract: bool = False) -> dict[str, Any]:
 def device_target(device: str, kernels: str) -> dict[str, Any]:
     if device == "cpu":
         return cpu_target(kernels)
-    return {"device": device, "kernels": kernels}
+    found = {"device": device, "kernels": kernels}
+    if kernels == "triton":  # binaries for this architecture (sm_90: compute capability 9.0)
+        found["arch"] = gpu_arch()
+        found["gpu"] = torch.cuda.get_device_name()
+    return found
+
+
+def gpu_arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
 
 
 # --------------------------------------------------------------------------- write
@@ -254,6 +272,10 @@ def check_compatible(manifest: dict[str, Any], where: str) -> None:
     device = str(tgt.get("device"))
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PackageError(f"{where}: made for {device}, and torch sees no CUDA GPU here")
+    if device.startswith("cuda") and "arch" in tgt and tgt["arch"] != gpu_arch():
+        raise PackageError(f"{where}: its kernels were built for GPU architecture "
+                           f"{tgt['arch']} ({tgt.get('gpu')}), this GPU is {gpu_arch()} "
+                           f"({torch.cuda.get_device_name()})")
     if device == "cpu":
         mine = cpu_target(str(tgt.get("kernels")))
         for key, label in (("machine", "machine type"), ("cpu", "CPU target")):
@@ -296,8 +318,9 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) ->
 
 def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes], where: str
              ) -> dict[str, Launcher]:
-    """Each kernel's launcher, its library loaded from a private temporary folder
-    (ctypes loads from a file; the folder goes once they are loaded)."""
+    """Each kernel's launcher: an OpenMP library loaded from a private temporary
+    folder (ctypes loads from a file; the folder goes once they are loaded), or a
+    Triton kernel's binaries launched through torch's static launcher."""
     kernels: dict[str, Launcher] = {}
     if not entries:
         return kernels
@@ -305,19 +328,95 @@ def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes], where: st
         for entry in entries:
             spec = _spec(entry["spec"])
             cls = LAUNCHERS.get(entry["launcher"])
-            if entry.get("target") != "openmp" or cls is None or not cls.__name__.endswith(
-                    "CppLauncher"):
+            target = entry.get("target")
+            if cls is None or target not in ("openmp", "triton") or \
+                    cls.__name__.endswith("CppLauncher") != (target == "openmp"):
                 raise PackageError(f"{where}: kernel {spec.name} has launcher "
-                                   f"{entry.get('launcher')!r} for target "
-                                   f"{entry.get('target')!r}; packages run OpenMP kernels")
-            lib = Path(tmp, f"{spec.name}.so")
-            lib.write_bytes(members[entry["binary"]])
-            try:
-                fn = getattr(ctypes.CDLL(str(lib)), spec.name)
-            except (OSError, AttributeError) as e:
-                raise PackageError(f"{where}: kernel {spec.name} does not load: {e}") from None
-            kernels[spec.name] = cls(spec, fn, _failed(where, spec.name))
+                                   f"{entry.get('launcher')!r} for target {target!r}")
+            if target == "openmp":
+                fn = _library(Path(tmp), spec.name, members[entry["binary"]], where)
+                kernels[spec.name] = cls(spec, fn, _failed(where, spec.name))
+            else:
+                kernels[spec.name] = _triton(cls, spec, entry, members, where)
     return kernels
+
+
+def _library(tmp: Path, name: str, data: bytes, where: str) -> Any:
+    lib = tmp / f"{name}.so"
+    lib.write_bytes(data)
+    try:
+        return getattr(ctypes.CDLL(str(lib)), name)
+    except (OSError, AttributeError) as e:
+        raise PackageError(f"{where}: kernel {name} does not load: {e}") from None
+
+
+def _triton(cls: Any, spec: KernelSpec, entry: dict[str, Any], members: dict[str, bytes],
+            where: str) -> Launcher:
+    """A Triton kernel's launcher whose every launch is one of the binaries the
+    package holds (per call: sizes, dtypes, alignment, constexprs), launched without
+    Triton; a call it holds none for is an error (Triton's JIT would compile)."""
+    found: dict[str, dict[str, tuple[dict[str, Any], str]]] = {}
+    for b in entry["binaries"]:
+        data = members[b["cubin"]]
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != b["meta"]["cubin"]:
+            raise PackageError(f"{where}: {b['cubin']} is not the binary program.json names")
+        path = _cubin_dir() / f"{digest}.cubin"
+        path.write_bytes(data)
+        found.setdefault(str(b["symbol"]), {})[str(b["call"])] = (b["meta"], str(path))
+
+    def kernel(symbol: str) -> DirectKernel:
+        return DirectKernel(load=_no_jit(where, symbol), binaries=PackagedBinaries(
+            found.get(symbol, {})), symbol=symbol,
+            options={"enable_fp_fusion": bool(entry.get("contract"))})
+
+    spec = replace(spec, autotune=False)  # the binaries are the configurations it chose
+    fallback = _failed(where, spec.name)
+    if cls.__name__ == "ReductionTritonLauncher":
+        launcher = cls(spec, kernel(spec.name), kernel(f"{spec.name}_combine"), fallback)
+    else:
+        launcher = cls(spec, kernel(spec.name), fallback)
+    if _EMPTY_STRIDED_CUDA is not None:
+        launcher.plans = {}  # launch plans, as for a graph's compiled kernels (launch.py)
+    return launcher  # type: ignore[no-any-return]
+
+
+class PackagedBinaries:
+    """runtime/static_launch.py's Binaries for a package: its binaries by call (the
+    repr of triton_direct.call_key), and nothing stored."""
+
+    failed: str | None = None
+
+    def __init__(self, calls: dict[str, tuple[dict[str, Any], str]]) -> None:
+        self.calls = calls
+
+    def find(self, call: tuple[Any, ...], device: int, grid: tuple[int, ...]
+             ) -> Callable[..., None] | None:
+        hit = self.calls.get(repr(call))
+        return None if hit is None else static_launch.launcher(hit[0], hit[1], device, grid)
+
+    def keep(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _no_jit(where: str, symbol: str) -> Callable[[], Any]:
+    def load() -> Any:
+        raise PackageError(f"{where}: kernel {symbol} has no binary for this call (its sizes, "
+                           "dtypes or alignment differ from the example's)")
+
+    return load
+
+
+_cubins: list[Path] = []
+
+
+def _cubin_dir() -> Path:
+    """Where loaded packages' binaries live while this process runs: torch's static
+    launcher loads a binary from a file at its first launch."""
+    if not _cubins:
+        _cubins.append(Path(tempfile.mkdtemp(prefix="rewritec-package-cubins-")))
+        atexit.register(shutil.rmtree, _cubins[0], True)
+    return _cubins[0]
 
 
 def _failed(where: str, name: str) -> Callable[..., Any]:

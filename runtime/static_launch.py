@@ -119,6 +119,9 @@ class Binaries:
     def __init__(self, source: str, symbol: str) -> None:
         self.kernel = hashlib.sha256(f"{symbol}\0{source}".encode()).hexdigest()
         self.failed: str | None = None  # why nothing more is stored or found
+        # the key each call's binary is stored under, this process (what a package
+        # of this kernel holds: runtime/package.py)
+        self.calls: dict[tuple[Any, ...], str] = {}
 
     def _key(self, call: tuple[Any, ...], device: int) -> str:
         major, minor = torch.cuda.get_device_capability(device)
@@ -142,10 +145,11 @@ class Binaries:
             if not verified(root / f"{key}.json"):
                 store(root / f"{key}.cubin", cubin)
                 store(root / f"{key}.json", json.dumps(meta).encode())
+            self.calls[call] = key
             if grid is None:
                 return None
             # the binary in hand is the one stored: no need to read it back
-            return _launcher(meta, str(root / f"{key}.cubin"), device, grid)
+            return launcher(meta, str(root / f"{key}.cubin"), device, grid)
         except Exception as e:  # noqa: BLE001 - storing is an optimization, never a failure
             self.failed = f"{type(e).__name__}: {e}"
             return None
@@ -166,13 +170,27 @@ class Binaries:
             meta = json.loads(described)
             if hashlib.sha256(binary).hexdigest() != meta["cubin"]:
                 return None
-            return _launcher(meta, str(cubin), device, grid)
+            self.calls[call] = key
+            return launcher(meta, str(cubin), device, grid)
         except Exception as e:  # noqa: BLE001 - a binary that does not load: the JIT
             self.failed = f"{type(e).__name__}: {e}"
             return None
 
 
-def _launcher(meta: dict[str, Any], cubin: str, device: int, grid: tuple[int, ...]
+def stored(key: str) -> tuple[dict[str, Any], bytes] | None:
+    """What `Binaries.keep` stored under `key`: the launch's description and the
+    binary, each checked (runtime/disk_cache.py); None if either is not there."""
+    from .disk_cache import read_verified
+
+    root = _root()
+    described, binary = read_verified(root / f"{key}.json"), read_verified(root / f"{key}.cubin")
+    if described is None or binary is None:
+        return None
+    meta = json.loads(described)
+    return (meta, binary) if hashlib.sha256(binary).hexdigest() == meta["cubin"] else None
+
+
+def launcher(meta: dict[str, Any], cubin: str, device: int, grid: tuple[int, ...]
               ) -> Callable[..., None]:
     launcher = torch._C._StaticCudaLauncher
     # (function, registers, spills), or (module, function, registers, spills)

@@ -295,24 +295,84 @@ def test_program_names_only_allowed_calls(mlp_package: Path, tmp_path: Path,
         rewritec.load_package(bad)
 
 
-def test_triton_kernels_are_not_packaged_yet(tmp_path: Path) -> None:
+def test_interpreted_triton_kernels_are_refused(tmp_path: Path) -> None:
+    """Under TRITON_INTERPRET=1 there is no binary to package."""
     pytest.importorskip("triton")
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs Triton's interpreter on the CPU")
     model, inputs = _model("mlp")
-    with pytest.raises(rewritec.PackageError, match="triton kernel; packages hold OpenMP"):
+    with pytest.raises(rewritec.PackageError, match="has no Triton binaries"):
         rewritec.package(model, inputs, tmp_path / "t.rwc", options={"target": "triton"})
 
 
+def test_packaged_triton_binary_is_found_by_its_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plumbing of a loaded Triton kernel, on the CPU: a launch whose call the
+    package holds a binary for runs it (the static launcher stubbed); any other call
+    is one error, never Triton's JIT."""
+    from rewritec.runtime import package as fmt
+    from rewritec.runtime import static_launch
+    from rewritec.runtime.triton_direct import DirectKernel, call_key
+
+    x = torch.zeros(8)
+    ran: list[tuple] = []
+    monkeypatch.setattr(static_launch, "launcher",
+                        lambda meta, path, device, grid: lambda *a: ran.append((path, grid, a)))
+    calls = {repr(call_key((x, 8), {"BLOCK": 16})): ({"name": "k0"}, "k0.cubin")}
+    kernel = DirectKernel(load=fmt._no_jit("p.rwc", "k0"), binaries=fmt.PackagedBinaries(calls),
+                          symbol="k0", device=lambda: 0)
+    kernel[(1,)](x, 8, BLOCK=16)
+    assert ran == [("k0.cubin", (1,), (x, 8))]
+    with pytest.raises(rewritec.PackageError, match="p.rwc: kernel k0 has no binary for this "
+                                                    "call"):
+        kernel[(1,)](x, 9, BLOCK=16)
+
+
+def _cuda(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    model, inputs = _model(name)
+    return model.cuda(), tuple(x.cuda() for x in inputs)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_package_of_aten_calls(tmp_path: Path) -> None:
-    """On CUDA a package holds ATen calls (Triton kernels are not packaged yet)."""
-    model, inputs = _model("mlp")
-    model, inputs = model.cuda(), tuple(x.cuda() for x in inputs)
-    with pytest.raises(rewritec.PackageError, match="triton kernel; packages hold OpenMP"):
-        rewritec.package(model, inputs, tmp_path / "t.rwc")
-    path = rewritec.package(model, inputs, tmp_path / "a.rwc", options={"target": "aten"})
+@pytest.mark.parametrize("name", ["mlp", "reduce"])
+def test_cuda_package_of_triton_binaries(name: str, tmp_path: Path) -> None:
+    model, inputs = _cuda(name)
+    path = rewritec.package(model, inputs, tmp_path / "t.rwc")
     loaded = rewritec.load_package(path)
+    target = loaded.manifest["target"]
+    major, minor = torch.cuda.get_device_capability()
+    assert target["kernels"] == "triton" and target["arch"] == f"sm_{major}{minor}"
+    assert any(m.endswith(".cubin") for m in loaded.manifest["members"])
+    with torch.no_grad():
+        want = model(*inputs)
+    torch.testing.assert_close(loaded(*inputs), want)
+    torch.testing.assert_close(loaded(*inputs), want)  # through its launch plans
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_package_loads_without_compiling(tmp_path: Path) -> None:
+    model, inputs = _cuda("mlp")
+    path = rewritec.package(model, inputs, tmp_path / "t.rwc")
+    with torch.no_grad():
+        torch.save((inputs[0], model(*inputs)), tmp_path / "io.pt")
+    res = subprocess.run([sys.executable, "-c", NO_COMPILER, str(path), str(tmp_path / "io.pt")],
+                         capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_package_refusals(tmp_path: Path) -> None:
+    model, inputs = _cuda("mlp")
+    batch = torch.export.Dim("batch", max=64)
+    with pytest.raises(rewritec.PackageError, match="Triton kernels are compiled per size"):
+        rewritec.package(model, inputs, tmp_path / "d.rwc", dynamic_shapes=({0: batch},))
+    path = rewritec.package(model, inputs, tmp_path / "t.rwc")
+    manifest = _manifest(path)
+    manifest["target"]["arch"] = "sm_10"
+    bad = _rewrite(path, tmp_path / "arch.rwc", {}, manifest)
+    with pytest.raises(rewritec.PackageError, match="built for GPU architecture sm_10"):
+        rewritec.load_package(bad)
+    aten = rewritec.package(model, inputs, tmp_path / "a.rwc", options={"target": "aten"})
+    loaded = rewritec.load_package(aten)
     assert loaded.manifest["target"] == {"device": "cuda", "kernels": "aten"}
     torch.testing.assert_close(loaded(*inputs), model(*inputs))
     with pytest.raises(rewritec.PackageError, match="on cpu, the package takes"):
