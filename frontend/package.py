@@ -141,7 +141,7 @@ def _contents(ep: torch.export.ExportedProgram, art: Artifact, weights: bool, wh
     members: dict[str, bytes] = {"exported.txt": str(ep).encode(),
                                  "wrapper.py": art.source.encode()}
     kernels = [_kernel(launcher, members, where) for launcher in enc.kernels.values()]
-    constants = {}
+    constants: dict[str, dict[str, Any]] = {}
     for key, t in enc.constants.items():
         member = f"constants/{len(constants)}.bin"
         members[member] = fmt.tensor_bytes(t)
@@ -178,7 +178,7 @@ def _kernel(launcher: Launcher, members: dict[str, bytes], where: str) -> dict[s
 def _triton_binaries(launcher: Launcher, members: dict[str, bytes], where: str
                      ) -> list[dict[str, Any]]:
     """Each binary a launch of this kernel stored, by call, added to `members`."""
-    found = []
+    found: list[dict[str, Any]] = []
     for kernel in launcher.watched():
         binaries = getattr(kernel, "binaries", None)
         if binaries is None:
@@ -229,7 +229,7 @@ def _inputs(ep: torch.export.ExportedProgram, weights: bool, members: dict[str, 
 def _user_inputs(ep: torch.export.ExportedProgram) -> list[dict[str, Any]]:
     """What each user input must be: dtype, device, and per dim a size or a symbol."""
     vals = {n.name: n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"}
-    found = []
+    found: list[dict[str, Any]] = []
     for spec in ep.graph_signature.input_specs:
         if spec.kind != InputKind.USER_INPUT:
             continue
