@@ -311,7 +311,8 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) ->
                       weights, int(data["user_outputs"]), out_spec)
     except PackageError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError,
+            OverflowError) as e:  # RuntimeError: torch refusing a device, shape or stride
         raise PackageError(f"{where}: program.json is malformed: {type(e).__name__}: "
                            f"{e}") from None
 

@@ -295,6 +295,22 @@ def test_program_names_only_allowed_calls(mlp_package: Path, tmp_path: Path,
         rewritec.load_package(bad)
 
 
+@pytest.mark.parametrize("change", [{"device": "warp-drive"}, {"shape": [-4, 16]},
+                                    {"dtype": "f99"}, {"member": "weights/99.bin"}])
+def test_malformed_tensor_metadata_is_refused(mlp_package: Path, tmp_path: Path,
+                                              change: dict) -> None:
+    with zipfile.ZipFile(mlp_package) as z:
+        program = json.loads(z.read("program.json"))
+    program["weights"]["fc1.weight"].update(change)
+    data = json.dumps(program).encode()
+    manifest = _manifest(mlp_package)
+    manifest["members"]["program.json"] = hashlib.sha256(data).hexdigest()
+    bad = _rewrite(mlp_package, tmp_path / "m.rwc", {"program.json": data}, manifest)
+    with pytest.raises(rewritec.PackageError,
+                       match=r"m\.rwc: (program.json is malformed|weights/0.bin holds)"):
+        rewritec.load_package(bad)
+
+
 def test_interpreted_triton_kernels_are_refused(tmp_path: Path) -> None:
     """Under TRITON_INTERPRET=1 there is no binary to package."""
     pytest.importorskip("triton")
