@@ -31,8 +31,8 @@ class ExportedProgram:
 
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...],
                  opts: Options) -> None:
-        self.ep = ep = _export(model, tuple(example_inputs))
-        self._lifted, params = _lifted_inputs(ep)
+        self.ep = ep = export_program(model, tuple(example_inputs))
+        self._lifted, params = lifted_inputs(ep)
         self.out_spec = ep.call_spec.out_spec
         self._n_user_outs = sum(s.kind == OutputKind.USER_OUTPUT
                                 for s in ep.graph_signature.output_specs)
@@ -50,7 +50,7 @@ class ExportedProgram:
         return torch.utils._pytree.tree_unflatten(flat, self.out_spec)
 
 
-def _export(model: torch.nn.Module, example_inputs: tuple[Any, ...],
+def export_program(model: torch.nn.Module, example_inputs: tuple[Any, ...],
             dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
     """torch.export, whose failure (data-dependent control flow, inputs that do not
     fit) is one line naming the model, not a trace through the exporter."""
@@ -62,7 +62,7 @@ def _export(model: torch.nn.Module, example_inputs: tuple[Any, ...],
                             f"{type(e).__name__}: {lines[0] if lines else ''}") from e
 
 
-def _lifted_inputs(ep: torch.export.ExportedProgram) -> tuple[list[Any], list[bool]]:
+def lifted_inputs(ep: torch.export.ExportedProgram) -> tuple[list[Any], list[bool]]:
     """Per placeholder of the exported graph: the tensor export lifted into it
     (a parameter, buffer or constant), or None for a user input; and whether it is a
     parameter or buffer (what freezing may fold, as on Dynamo's path)."""

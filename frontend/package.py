@@ -43,7 +43,7 @@ from ..runtime.graph_cache import Artifact, aot_passes_through
 from ..runtime.launch import Launcher
 from ..runtime.program import encode
 from .decompositions import decomposition_table, kept_whole
-from .export import _export, _lifted_inputs
+from .export import export_program, lifted_inputs
 
 
 def package(model: Any, example_inputs: Sequence[Any], path: str | Path, *,
@@ -60,7 +60,7 @@ def package(model: Any, example_inputs: Sequence[Any], path: str | Path, *,
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
     else:
-        ep = _export(model, inputs, dynamic_shapes)
+        ep = export_program(model, inputs, dynamic_shapes)
     art, run = _compile(ep, inputs, opts, str(path))
     if any(launcher.recipe is not None and launcher.recipe.target == "triton"
            for launcher in _launchers(art)):
@@ -77,7 +77,7 @@ def _compile(ep: torch.export.ExportedProgram, inputs: tuple[Any, ...], opts: Op
     """The exported graph compiled for inference, as the graph cache would store it.
     A dynamic export is traced with its symbolic example values, a static one with
     the real tensors (which `freeze` needs)."""
-    lifted, params = _lifted_inputs(ep)
+    lifted, params = lifted_inputs(ep)
     placeholders = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
     if _ranges(ep):
         args = placeholders

@@ -184,10 +184,10 @@ def _graph_text(gm: torch.fx.GraphModule) -> str:
 def _target_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return f"op {target}"
-    return ".".join(_callable_ref(target))
+    return ".".join(callable_ref(target))
 
 
-def _callable_ref(fn: Any) -> tuple[str, str]:
+def callable_ref(fn: Any) -> tuple[str, str]:
     """(module, qualified name) that find `fn` again, for torch's and Python's own."""
     module = getattr(fn, "__module__", None) or ""
     if module.split(".")[0] in TARGET_MODULES:
@@ -325,8 +325,8 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, torch.Tensor):
             raise Uncacheable("a tensor among the wrapper's values")
         if callable(obj) and not isinstance(obj, type):
-            ref = _callable_ref(obj)
-            if _ALLOWED_FNS.get(ref) is not obj:
+            ref = callable_ref(obj)
+            if ALLOWED_FNS.get(ref) is not obj:
                 raise Uncacheable(f"call of {obj!r}, which entries may not name")
             return ("fn", *ref)
         return None
@@ -357,8 +357,8 @@ class _Unpickler(pickle.Unpickler):
             return _checked(value, (torch.dtype, torch.layout, torch.memory_format), pid)
         if kind == "device" and len(pid) == 2:
             return torch.device(pid[1])
-        if kind == "fn" and len(pid) == 3 and (pid[1], pid[2]) in _ALLOWED_FNS:
-            return _ALLOWED_FNS[(pid[1], pid[2])]
+        if kind == "fn" and len(pid) == 3 and (pid[1], pid[2]) in ALLOWED_FNS:
+            return ALLOWED_FNS[(pid[1], pid[2])]
         raise pickle.UnpicklingError(f"reference {pid!r} is not expected in a graph entry")
 
     def find_class(self, module: str, name: str) -> Any:
@@ -401,7 +401,7 @@ def _checked(value: Any, kind: Any, pid: tuple[str, ...]) -> Any:
     return value
 
 
-def _allowed_fns() -> dict[tuple[str, str], Any]:
+def allowed_fns() -> dict[tuple[str, str], Any]:
     """The functions an entry may name: pure arithmetic of `operator` and `math`
     (the targets a Dynamo graph calls besides ATen ops), never a door to code
     (eval, getattr, operator.call, torch.load)."""
@@ -426,7 +426,7 @@ def _allowed_fns() -> dict[tuple[str, str], Any]:
     return table
 
 
-_ALLOWED_FNS = _allowed_fns()
+ALLOWED_FNS = allowed_fns()
 def load(key: str, inputs: list[Any], params: list[bool], opts: Any,
          recompile: Callable[[list[Any], bool], Any]) -> Any:
     """The stored graph under `key` as a Dynamo-callable, or None (not stored, or not

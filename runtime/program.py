@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ..engine.errors import PackageError
-from .graph_cache import _ALLOWED_FNS, _callable_ref
+from .graph_cache import ALLOWED_FNS, callable_ref
 from .launch import Launcher
 from .namespace import namespace
 
@@ -124,10 +124,10 @@ class _Encoder:
         if isinstance(obj, torch._ops.OpOverload) and obj.namespace in ("aten", "prims"):
             return {"op": f"{obj.namespace}::{obj._opname}.{obj._overloadname}"}
         try:
-            ref = _callable_ref(obj)
+            ref = callable_ref(obj)
         except Exception:  # noqa: BLE001 - graph_cache.Uncacheable: not a function by name
             ref = None
-        if ref is not None and _ALLOWED_FNS.get(ref) is obj:
+        if ref is not None and ALLOWED_FNS.get(ref) is obj:
             return {"fn": ".".join(ref)}
         raise NotPackable(f"the wrapper calls {obj!r}, which a package cannot name "
                           "(ATen and prims ops, size arithmetic and its kernels only)")
@@ -290,7 +290,7 @@ class _Generator:
                 raise self.bad(f"launches kernel {step['kernel']!r}, which it does not hold")
             return self.bind(kernel)
         module, _, name = str(step.get("fn")).rpartition(".")
-        fn = _ALLOWED_FNS.get((module, name))
+        fn = ALLOWED_FNS.get((module, name))
         if fn is None:
             raise self.bad(f"calls {step.get('fn')!r}, which is not a pure function "
                            "rewritec's wrappers call")
