@@ -23,6 +23,7 @@ written in place, an output aliasing an input), and `weights=False` with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,8 @@ def package(model: Any, example_inputs: Sequence[Any], path: str | Path, *,
             options: dict[str, Any] | None = None) -> Path:
     """Export and compile `model` (an nn.Module or an ExportedProgram) for
     `example_inputs` and write the package to `path`; see runtime/package.py."""
-    opts = Options.make(dict(options or {}))
+    # a package runs untimed: `profile` instruments the wrapper with clock reads
+    opts = dataclasses.replace(Options.make(dict(options or {})), profile=False)
     if not weights and opts.freeze:
         raise PackageError(f"{path}: weights=False cannot be combined with freeze=True "
                            "(frozen constants are folded from the weights)")

@@ -466,7 +466,7 @@ def test_cli_compile_package(tmp_path: Path) -> None:
         dynamic_shapes = ({0: torch.export.Dim("batch", max=32)},)
     """))
     path = tmp_path / "m.rwc"
-    code = cli_main(["compile", str(script), "--package", str(path), "--quiet",
+    code = cli_main(["compile", str(script), "--package", str(path), "--quiet", "--profile",
                      "--out", str(tmp_path / "out")])
     assert code == 0
     scope: dict = {}
