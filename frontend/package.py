@@ -42,7 +42,7 @@ from ..runtime import static_launch
 from ..runtime.build import build_cpp
 from ..runtime.graph_cache import Artifact, aot_passes_through
 from ..runtime.launch import Launcher
-from ..runtime.program import encode
+from ..runtime.program import NotPackable, encode
 from .decompositions import decomposition_table, kept_whole
 from .export import export_program, lifted_inputs
 
@@ -139,7 +139,10 @@ def _launch_triton_once(run: Callable[[], Any], ep: torch.export.ExportedProgram
 def _contents(ep: torch.export.ExportedProgram, art: Artifact, weights: bool, where: str
               ) -> tuple[dict[str, bytes], dict[str, Any]]:
     """The members (but program.json) and program.json's data."""
-    enc = encode(art.source, art.globals)
+    try:
+        enc = encode(art.source, art.globals)
+    except NotPackable as e:
+        raise PackageError(f"{where}: cannot package this model: {e}") from None
     members: dict[str, bytes] = {"exported.txt": str(ep).encode(),
                                  "wrapper.py": art.source.encode()}
     kernels = [_kernel(launcher, members, where) for launcher in enc.kernels.values()]

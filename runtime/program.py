@@ -19,9 +19,10 @@ where a STEP is one line of the wrapper:
 and a value is a JSON scalar, {"v": NAME} (a variable), {"list": [...]},
 {"tuple": [...]}, {"float": "inf"}, {"dtype": "float32"}, {"memory_format": ...},
 {"layout": ...}, {"device": "cpu"} or {"const": "c0"} (a tensor constant).
-Ops are looked up in `torch.ops.{aten,prims}` only and functions in the graph
+Ops are looked up in `torch.ops.{aten,prims,rewritec}` only and functions in the graph
 cache's table of pure ones (runtime/graph_cache.py), so a program can name no
-call but an ATen or prims overload, size arithmetic, or a kernel of its package.
+call but an ATen, prims or rewritec overload (aten/attention.py), size arithmetic,
+or a kernel of its package.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..aten import attention  # noqa: F401 - defines rewritec::attention, a program's op
 from ..engine.errors import PackageError
 from .graph_cache import ALLOWED_FNS, callable_ref
 from .launch import Launcher
@@ -41,7 +43,9 @@ from .namespace import namespace
 
 VARIABLE = re.compile(r"^[av][0-9]+$")
 KERNEL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-OP_NAME = re.compile(r"^(aten|prims)::([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
+OP_NAME = re.compile(r"^(aten|prims|rewritec)::([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
+# The ops a program may call: ATen's, prims', and rewritec's own (aten/attention.py)
+OP_NAMESPACES = ("aten", "prims", "rewritec")
 # torch values a program names: which of torch's types each tag stands for
 TORCH_VALUES: dict[str, Any] = {"dtype": torch.dtype, "memory_format": torch.memory_format,
                                 "layout": torch.layout}
@@ -121,7 +125,7 @@ class _Encoder:
         if isinstance(obj, Launcher):
             self.kernels[obj.spec.name] = obj
             return {"kernel": obj.spec.name}
-        if isinstance(obj, torch._ops.OpOverload) and obj.namespace in ("aten", "prims"):
+        if isinstance(obj, torch._ops.OpOverload) and obj.namespace in OP_NAMESPACES:
             return {"op": f"{obj.namespace}::{obj._opname}.{obj._overloadname}"}
         try:
             ref = callable_ref(obj)
@@ -130,7 +134,8 @@ class _Encoder:
         if ref is not None and ALLOWED_FNS.get(ref) is obj:
             return {"fn": ".".join(ref)}
         raise NotPackable(f"the wrapper calls {obj!r}, which a package cannot name "
-                          "(ATen and prims ops, size arithmetic and its kernels only)")
+                          "(ATen, prims and rewritec ops, size arithmetic and its kernels "
+                          "only)")
 
     def output(self, node: ast.expr) -> dict[str, Any] | None:
         if isinstance(node, ast.Constant) and node.value is None:
@@ -280,7 +285,8 @@ class _Generator:
             m = OP_NAME.match(str(step["op"]))
             op = overload(m.group(1), m.group(2), m.group(3)) if m else None
             if not isinstance(op, torch._ops.OpOverload):
-                raise self.bad(f"calls {step['op']!r}, which is not an ATen or prims op")
+                raise self.bad(f"calls {step['op']!r}, which is not an ATen, prims or "
+                               "rewritec op")
             if op.namespace == "aten":  # as the compiled wrapper spells it (namespace.py)
                 return f"aten.{m.group(2)}.{m.group(3)}"  # type: ignore[union-attr]
             return self.bind(op)

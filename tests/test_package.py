@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import rewritec
+from models import GPT2Block
 from rewritec.cli import main as cli_main
 from rewritec.runtime.build import cxx
 
@@ -73,6 +74,8 @@ def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         return net, (torch.randn(2, 3, 8, 8),)
     if name == "attention":
         return Attention().eval(), (torch.randn(2, 6, 16),)
+    if name == "gpt2_block":  # its attention becomes rewritec::attention
+        return GPT2Block().eval(), (torch.randn(2, 16, 32),)
     return Reduce(), (torch.randn(6, 24),)
 
 
@@ -82,7 +85,7 @@ def mlp_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return rewritec.package(model, inputs, tmp_path_factory.mktemp("pkg") / "mlp.rwc")
 
 
-@pytest.mark.parametrize("name", ["mlp", "conv", "reduce", "attention"])
+@pytest.mark.parametrize("name", ["mlp", "conv", "reduce", "attention", "gpt2_block"])
 def test_round_trip_equals_eager(name: str, tmp_path: Path) -> None:
     model, inputs = _model(name)
     path = rewritec.package(model, inputs, tmp_path / f"{name}.rwc")
@@ -114,6 +117,17 @@ def test_aten_target_package(tmp_path: Path) -> None:
     loaded = rewritec.load_package(path)
     assert loaded.manifest["target"] == {"device": "cpu", "kernels": "aten"}
     torch.testing.assert_close(loaded(*inputs), model(*inputs))
+
+
+def test_frozen_constants_are_stored(tmp_path: Path) -> None:
+    model, inputs = _model("conv")
+    path = rewritec.package(model, inputs, tmp_path / "f.rwc", options={"freeze": True})
+    loaded = rewritec.load_package(path)
+    assert any(m.startswith("constants/") for m in loaded.manifest["members"])
+    torch.testing.assert_close(loaded(*inputs), model(*inputs))
+    with pytest.raises(rewritec.PackageError, match="weights=False cannot be combined"):
+        rewritec.package(model, inputs, tmp_path / "g.rwc", weights=False,
+                         options={"freeze": True})
 
 
 def test_weights_left_out_come_from_state_dict(tmp_path: Path) -> None:
