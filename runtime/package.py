@@ -57,8 +57,8 @@ from .. import __version__
 from ..aten.dtypes import DTYPES, TORCH_DTYPES
 from ..engine.errors import PackageError
 from ..kinds.spec import KernelSpec, KInput, KOutput
-from .build import cxx_flags, target
 from . import static_launch
+from .build import cxx_flags, target
 from .launch import _EMPTY_STRIDED_CUDA, Launcher
 from .program import Program
 from .recipe import LAUNCHERS
@@ -132,6 +132,8 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    if t.dtype not in DTYPES:
+        raise PackageError(f"a tensor of dtype {t.dtype}, which packages do not store")
     return {"dtype": DTYPES[t.dtype],
             "shape": list(t.shape), "stride": list(t.stride()), "device": str(t.device)}
 
@@ -181,7 +183,10 @@ def write(path: str | Path, members: dict[str, bytes], manifest: dict[str, Any])
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
             z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
             for name, data in members.items():
-                z.writestr(name, data)
+                # text is compressed; tensors and binaries are stored as they are, so
+                # loading a large model reads its weights without inflating them
+                text = name.endswith((".json", ".txt", ".py", ".cpp"))
+                z.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
         tmp.replace(path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
