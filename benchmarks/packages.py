@@ -221,8 +221,10 @@ def markdown(rows: Sequence[dict[str, Any]], env: dict[str, Any], repeats: int) 
              f"torch {env['torch']}, triton {env['triton']}, python {env['python']}, "
              f"commit {env['git_commit']}, {env['date']}; `{env['command']}`.", "",
              f"Fresh process, from before `import torch` to the first result; median of "
-             f"{repeats}. write s: writing the package (torch.compile: the cold process "
-             "that fills its caches). See benchmarks/packages.py for what each column runs.",
+             f"{repeats}. write s: writing the package (rewritec: in the parent process, "
+             "whose kernel cache may already hold the kernels; torch.compile: the cold "
+             "process that fills its caches). See benchmarks/packages.py for what each "
+             "column runs.",
              "",
              "| model | way | first result s | write s | file MB | err |", "|" + "---|" * 6]
     for r in rows:
