@@ -258,17 +258,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    rows = []
+    rows: list[dict] = []
+    command = ["python", "-m", "benchmarks.packages", *(argv if argv is not None
+                                                          else sys.argv[1:])]
+    out = args.out or RESULTS_DIR / f"packages-{device_slug(device)}.md"
+    text = ""
     for name in args.models:
         if name in GPU_MODELS and BY_NAME[name].missing():
             print(f"{name}: skipped, {BY_NAME[name].missing()}")
             continue
         rows += measure(name, device, args.repeats, args.ways.split(","), args.target)
-    command = ["python", "-m", "benchmarks.packages", *(argv if argv is not None
-                                                          else sys.argv[1:])]
-    text = markdown(rows, environment_common(device, command), args.repeats)
-    out = args.out or RESULTS_DIR / f"packages-{device_slug(device)}.md"
-    out.write_text(text)
+        # written after each model: a run cut short (a device's time limit) keeps
+        # the rows it finished
+        text = markdown(rows, environment_common(device, command), args.repeats)
+        out.write_text(text)
     print(text)
     print(f"written: {out}")
     return 0
