@@ -120,4 +120,5 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 KIND = Kind(name="attention",
             doc="softmax(q @ kT * scale, masked) @ v as one flash-attention kernel",
             space=AttentionSpace, spec=attention_spec, render=_render,
-            launchers={"triton": "AttentionLauncher"})
+            launchers={"triton": "AttentionLauncher"},
+            matrix_products=True)

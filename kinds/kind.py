@@ -11,7 +11,11 @@ that needed it:
 - `variant`: the kind that renders this spec on a target instead (a row too wide
   for registers loops over chunks, a layout change runs in 2-d tiles);
 - `render`: the spec -> source for a target, through templates/<target>/<name>.*.j2;
-- `launchers`: per target it renders for, the runtime/launch.py launcher class.
+- `launchers`: per target it renders for, the runtime/launch.py launcher class;
+- `tuning`: what autotuning may vary in its Triton launch (kinds/tuning.py), or
+  None (not tuned);
+- `matrix_products`: whether its kernels compute matrix products, which keep a GPU
+  as busy as a library call (runtime/cudagraphs.py counts them so under `auto`).
 
 A variant (`row_looped`, `pointwise_tiled`) is a kind no rule names: the
 variants pass (kinds/variants.py) picks it, and it has no space or spec of its
@@ -27,6 +31,7 @@ from typing import Any, Literal
 from ..engine.ops import OpTable
 from ..engine.term import Term
 from .spec import KernelSpec
+from .tuning import TuneSpace
 
 Target = Literal["triton", "openmp"]
 # spec, target, the C++ vector-math declarations (runtime/build.py probes them) -> source
@@ -51,6 +56,8 @@ class Kind:
     # variants pass, kinds/variants.py, asks it)
     variant: Callable[[KernelSpec, str], str | None] = field(default=_same)
     base: str | None = None  # a variant: the kind whose spec it renders
+    tuning: TuneSpace | None = None
+    matrix_products: bool = False
 
     @property
     def targets(self) -> tuple[str, ...]:

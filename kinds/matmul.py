@@ -31,6 +31,7 @@ from .kernels import (
     value_expr,
 )
 from .kind import Kind
+from .tuning import MatmulTuning
 from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
 
@@ -169,4 +170,6 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 KIND = Kind(name="matmul", doc="a half-precision matrix product and its pointwise epilogue",
             space=MatmulSpace, spec=matmul_spec, render=_render,
-            launchers={"triton": "MatmulLauncher"})
+            launchers={"triton": "MatmulLauncher"},
+            tuning=MatmulTuning(),
+            matrix_products=True)

@@ -12,6 +12,7 @@ from ..engine.fuse import ROW_REDUCTIONS, FLOATS, broadcasts, kernel_value
 from ..engine.term import Term
 from .kernels import render_kind, spec_of
 from .kind import Kind
+from .tuning import PointwiseTuning
 from .spec import KernelSpec
 
 
@@ -49,4 +50,5 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
 
 KIND = Kind(name="pointwise", doc="one loop over the output's elements",
             space=PointwiseSpace, spec=_spec, variant=_variant, render=render_kind,
-            launchers={"triton": "TritonLauncher", "openmp": "CppLauncher"})
+            launchers={"triton": "TritonLauncher", "openmp": "CppLauncher"},
+            tuning=PointwiseTuning())

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from .kernels import render_kind
 from .kind import Kind
+from .tuning import TiledTuning
 
 
 KIND = Kind(name="pointwise_tiled", doc="a pointwise kernel in 2-d tiles (a layout change)",
-            base="pointwise", render=render_kind, launchers={"triton": "TiledTritonLauncher"})
+            base="pointwise", render=render_kind, launchers={"triton": "TiledTritonLauncher"},
+            tuning=TiledTuning())

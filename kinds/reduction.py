@@ -41,6 +41,7 @@ from .kernels import (
     value_expr,
 )
 from .kind import Kind
+from .tuning import ReductionTuning
 from .spec import KernelSpec, KInput, KOutput, stride_params
 from .templates import render_template
 
@@ -379,4 +380,5 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 KIND = Kind(name="reduction", doc="sum/mean/amax/amin over any dims, with prologue and epilogue",
             space=ReductionSpace, spec=reduction_spec, render=_render,
-            launchers={"triton": "ReductionTritonLauncher", "openmp": "ReductionCppLauncher"})
+            launchers={"triton": "ReductionTritonLauncher", "openmp": "ReductionCppLauncher"},
+            tuning=ReductionTuning())

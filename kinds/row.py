@@ -15,6 +15,7 @@ from ..engine.fuse import ROW_REDUCTIONS, FLOATS, kernel_value, reduced_dim
 from ..engine.term import Term
 from .kernels import render_kind, spec_of
 from .kind import Kind
+from .tuning import RowTuning
 from .row_looped import looped
 from .spec import KernelSpec
 
@@ -83,4 +84,5 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
 
 KIND = Kind(name="row", doc="pointwise work around reductions along one dim, a row per program",
             space=RowSpace, spec=_spec, variant=_variant, render=render_kind,
-            launchers={"triton": "RowTritonLauncher", "openmp": "CppLauncher"})
+            launchers={"triton": "RowTritonLauncher", "openmp": "CppLauncher"},
+            tuning=RowTuning())

@@ -29,6 +29,7 @@ from .kernels import (
 )
 from .reduction import triton_accumulate, triton_finish, triton_init
 from .kind import Kind
+from .tuning import LoopedRowTuning
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import render_template
 
@@ -190,4 +191,5 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 
 KIND = Kind(name="row_looped", doc="a row kernel reading a row too wide for registers in chunks",
-            base="row", render=_render, launchers={"triton": "LoopedRowTritonLauncher"})
+            base="row", render=_render, launchers={"triton": "LoopedRowTritonLauncher"},
+            tuning=LoopedRowTuning())

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..engine.term import Term
+    from .tuning import TuneSpace
 
 
 # The key of `meta` under which launch.cached_geometry keeps a spec's launch
@@ -65,6 +66,8 @@ class KernelSpec:
     # Time launch configurations at each new call and keep the fastest (mode
     # max-autotune; runtime/autotune.py). Off: the launchers' heuristics alone.
     autotune: bool = False
+    # What autotuning may vary in the launch: the kind's (kinds/tuning.py), or None
+    tuning: TuneSpace | None = None
     # the `templates/` folder of the user's rule file, searched before the package's
     template_dir: str | None = None
 
@@ -81,6 +84,12 @@ class KernelSpec:
     def per_row_out(self) -> bool:
         """Whether the root's value is one value per row (a row kernel's reduction)."""
         return self.outputs[0].per_row
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether the kernel iterates over rows along `meta["dim"]` (a row kernel:
+        its launch counts rows) rather than over elements (pointwise: elements)."""
+        return self.meta.get("dim") is not None
 
     @property
     def compute(self) -> str:

@@ -8,7 +8,7 @@ runtime/matmul_launch.py: `choose_tile`, runtime/reduction_launch.py). Under
 `TunedKernel`. The launcher still computes and makes its heuristic launch; the
 wrapper sees that launch and, for a call it has not seen (its arguments' sizes,
 strides and dtypes, and the heuristic's constexprs), tries each configuration of
-the kernel's `Space`:
+the kernel's kind's tuning space (`KernelSpec.tuning`, kinds/tuning.py):
 
 - pointwise: BLOCK_SIZE 256..4096 x num_warps 2, 4, 8;
 - tiled pointwise (layout changes): BLOCK_Y x BLOCK_X 32..128 x num_warps 4, 8;
@@ -49,7 +49,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +56,10 @@ import torch
 
 from ..engine.diag import log
 from ..kinds.spec import KernelSpec
+from ..kinds.tuning import DEFAULT_WARPS, Config
 from .disk_cache import read_verified, store, subdir
 from .static_launch import _fingerprint
 from .triton_direct import POISON
-
-# A configuration: the constexprs and launch options it changes in the heuristic's
-# launch. {} is the heuristic's own.
-Config = dict[str, int]
 
 FORMAT = 1  # bump when the candidates' meaning or the stored layout changes
 LIMIT = 64  # calls tuned per kernel; beyond (shapes that change every call) the heuristic
@@ -73,7 +69,7 @@ MIN_REPS = 5  # ... and at least
 TIME_BUDGET_MS = 25.0  # ... aiming at about this much GPU time a candidate
 L2_FLUSH_BYTES = 256 << 20  # written before each timed run, so no run finds its inputs in L2
 # Triton's launch defaults, for telling a candidate from the heuristic's launch.
-DEFAULTS = {"num_warps": 4, "num_stages": 3}
+DEFAULTS = {"num_warps": DEFAULT_WARPS, "num_stages": 3}
 
 # What this process did, for tests and REWRITEC_DEBUG: calls tuned (timed), and
 # winners read from disk.
@@ -84,118 +80,21 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # --------------------------------------------------------------------------- the spaces
 
 
-@dataclass(frozen=True)
-class Space:
-    """The configurations a kind of launch tries, and the grid each launches on
-    (from the heuristic's launch: its grid and positional arguments)."""
-
-    configs: Callable[[KernelSpec, dict[str, Any]], list[Config]]
-    grid: Callable[[KernelSpec, Config, tuple[Any, ...], tuple[int, ...]], tuple[int, ...]]
-
-
-def _same_grid(spec: KernelSpec, config: Config, args: tuple[Any, ...],
-               grid: tuple[int, ...]) -> tuple[int, ...]:
-    return grid
-
-
-def _pointwise_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
-    return [{"BLOCK_SIZE": b, "num_warps": w} for b in (256, 512, 1024, 2048, 4096)
-            for w in (2, 4, 8)]
-
-
-def _pointwise_grid(spec: KernelSpec, config: Config, args: tuple[Any, ...],
-                    grid: tuple[int, ...]) -> tuple[int, ...]:
-    # runtime/launch.py: TritonLauncher, args (*inputs, *outputs, n, *space, *strides)
-    n = args[len(spec.inputs) + len(spec.outputs)]
-    return (cdiv(n, config["BLOCK_SIZE"]),)
-
-
-def _tiled_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
-    tiles = ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32), (64, 128),
-             (128, 64))
-    return [{"BLOCK_Y": y, "BLOCK_X": x, "num_warps": w} for y, x in tiles for w in (4, 8)]
-
-
-def _tiled_grid(spec: KernelSpec, config: Config, args: tuple[Any, ...],
-                grid: tuple[int, ...]) -> tuple[int, ...]:
-    # args (*inputs, *outputs, numel, *space, *strides); tiles over space dims `tile` and last
-    first = len(spec.inputs) + len(spec.outputs) + 1
-    numel, space = args[first - 1], args[first:first + spec.rank]
-    tile = int(spec.meta["tile"])
-    tiles = cdiv(space[tile], config["BLOCK_Y"]) * cdiv(space[-1], config["BLOCK_X"])
-    return (numel // (space[tile] * space[-1]) * tiles,)
-
-
-def _warps_around(heuristic: int) -> list[int]:
-    """Powers of two from 1 to 32 within 4x of the heuristic's warps."""
-    return [w for w in (1, 2, 4, 8, 16, 32) if heuristic <= 4 * w and w <= 4 * heuristic]
-
-
-def _row_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
-    warps = _warps_around(int(kwargs.get("num_warps", DEFAULTS["num_warps"])))
-    if spec.template == "row_looped":  # a loop over chunks: pipelining its loads may pay
-        return [{"num_warps": w, "num_stages": s} for w in warps for s in (1, 2, 3)]
-    return [{"num_warps": w} for w in warps]
-
-
-def _reduction_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
-    return [{"num_warps": w} for w in (2, 4, 8, 16)]
-
-
-# (block_m, block_n, block_k, num_warps, num_stages): f32 and f64 products run in
-# IEEE precision on CUDA cores, so small tiles; half precision on tensor cores.
-WIDE_TILES = ((64, 64, 32, 4, 3), (32, 32, 32, 4, 2), (32, 64, 32, 4, 3), (64, 32, 32, 4, 3),
-              (64, 64, 16, 4, 4), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
-              (64, 64, 32, 8, 3), (128, 128, 32, 8, 3), (32, 32, 64, 2, 3))
-HALF_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 64, 64, 4, 3),
-              (128, 128, 32, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
-              (64, 256, 32, 4, 4), (256, 128, 32, 8, 3), (64, 64, 32, 2, 5),
-              (32, 64, 32, 4, 5), (256, 64, 64, 8, 4))
-
-
-def _matmul_configs(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
-    tiles = WIDE_TILES if spec.meta.get("dtype") in ("f32", "f64") else HALF_TILES
-    return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w,
-             "num_stages": s} for m, n, k, w, s in tiles]
-
-
-def _matmul_grid(spec: KernelSpec, config: Config, args: tuple[Any, ...],
-                 grid: tuple[int, ...]) -> tuple[int, ...]:
-    # runtime/launch.py: MatmulLauncher, args (*inputs, out, M, N, K, ...)
-    m, n = args[len(spec.inputs) + 1], args[len(spec.inputs) + 2]
-    return (cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),)
-
-
-SPACES = {
-    "pointwise": Space(_pointwise_configs, _pointwise_grid),
-    "pointwise_tiled": Space(_tiled_configs, _tiled_grid),
-    "row": Space(_row_configs, _same_grid),
-    "matmul": Space(_matmul_configs, _matmul_grid),
-    "reduction": Space(_reduction_configs, _same_grid),
-}
-
-
 def space_name(spec: KernelSpec) -> str | None:
-    """The space a spec's main kernel is tuned in; None: not tuned (attention)."""
-    if spec.template in ("reduction", "pointwise_tiled"):
-        return spec.template
-    return spec.kind if spec.kind in SPACES else None
+    """The name of the space a spec's main kernel is tuned in (its kind's,
+    kinds/tuning.py); None: not tuned (attention)."""
+    return spec.tuning.name if spec.tuning is not None else None
 
 
 def candidates(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
     """The heuristic's launch ({}) first, then the space's other configurations
     (under the interpreter, CANDIDATE_LIMIT of them, spread over the list)."""
-    name = space_name(spec)
-    if name is None:
+    if spec.tuning is None:
         return [{}]
-    others = [c for c in SPACES[name].configs(spec, kwargs) if not _is_heuristic(c, kwargs)]
+    others = [c for c in spec.tuning.configs(spec, kwargs) if not _is_heuristic(c, kwargs)]
     if interpreted() and len(others) > CANDIDATE_LIMIT:
         step = len(others) / CANDIDATE_LIMIT
         others = [others[int(i * step)] for i in range(CANDIDATE_LIMIT)]
@@ -216,8 +115,7 @@ class TunedKernel:
     def __init__(self, inner: Any, spec: KernelSpec, source: str, symbol: str) -> None:
         self.inner = inner
         self.spec = spec
-        name = space_name(spec)
-        self.space = SPACES[name] if name is not None else None
+        self.space = spec.tuning
         self.kernel = hashlib.sha256(f"{symbol}\0{source}".encode()).hexdigest()
         self.chosen: dict[Any, Config] = {}  # call -> winner
         self.timings: dict[Any, list[tuple[float, Config]]] = {}  # call -> what was measured
@@ -343,7 +241,7 @@ class TunedKernel:
 def tuned(kernel: Any, spec: KernelSpec, source: str) -> Any:
     """`kernel` (the spec's main kernel, symbol `spec.name`) wrapped to launch its
     calls' winners; as it is where the spec's kind is not tuned."""
-    return kernel if space_name(spec) is None else TunedKernel(kernel, spec, source, spec.name)
+    return kernel if spec.tuning is None else TunedKernel(kernel, spec, source, spec.name)
 
 
 def _call(args: tuple[Any, ...], kwargs: dict[str, Any], stored: bool = False

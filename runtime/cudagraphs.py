@@ -64,14 +64,15 @@ AUTO_MIN_LAUNCHES = 12
 # (Inductor 0.088-0.157), the ResNet block 0.160 against 0.190 (Inductor 0.202-0.206).
 AUTO_MIN_LAUNCHES_NO_MATMUL = 3
 MATMUL_OPS = ("mm", "addmm", "bmm")
-MATMUL_TEMPLATES = ("triton/matmul", "triton/attention")
 
 
 def auto_declines(aten_ops: dict[str, int], kernels: list[dict[str, Any]]) -> str | None:
-    """Under `auto`: why a graph of these ATen calls and kernels is not replayed."""
+    """Under `auto`: why a graph of these ATen calls and kernels (their report
+    records, runtime/prepare.py; `matrix_products` is their kind's,
+    kinds/kind.py) is not replayed."""
     launches = sum(aten_ops.values()) + len(kernels)
     products = any(aten_ops.get(op) for op in MATMUL_OPS) or any(
-        k.get("template") in MATMUL_TEMPLATES for k in kernels)
+        k["matrix_products"] for k in kernels)
     least = AUTO_MIN_LAUNCHES if products else AUTO_MIN_LAUNCHES_NO_MATMUL
     if launches < least:
         kind = "with" if products else "without"

@@ -468,7 +468,7 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
                  for x, f in zip(inputs, flat, strict=True))
     numel = max(_numel(size) for size, _ in outs)
     cols = space[-1] if space else 1
-    count = numel if spec.kind == "pointwise" else (_numel(space) // cols if cols else 0)
+    count = (_numel(space) // cols if cols else 0) if spec.by_rows else numel
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
                      flat, numel, direct, (*space, *strides, count, cols))
 

@@ -140,6 +140,9 @@ def _prepare(graph: Graph, store: TermStore, target: str, *, strict: bool,
             path = copy
         prepared.records.append({"name": spec.name, "target": target, "source": str(path),
                                  "rules": [spec.rule],
+                                 "kind": spec.template,
+                                 "matrix_products": registry.kind(spec.template)
+                                 .matrix_products,
                                  "template": _template_record(spec, target),
                                  "replaced_ops": spec.replaced_ops,
                                  "outputs": len(spec.outputs),
@@ -188,6 +191,7 @@ def _render(term: Term, index: int, target: str, table: OpTable) -> tuple[Kernel
     if target not in kind.launchers or base.spec is None:
         raise RenderError(f"no {target} template for {kind.name}")
     spec = base.spec(term, index)
+    spec.tuning = kind.tuning  # the variant's: its launch is the one tuned
     simd = vector_math_decls() if target == "openmp" else ()
     return spec, kind.render(spec, target, simd, table), kind.launchers[target]
 

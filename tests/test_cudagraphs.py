@@ -226,17 +226,25 @@ def test_auto_threshold_counts_launches_and_products() -> None:
     conv + epilogues), but needs 12+ where cuBLAS products keep the GPU busy."""
     from rewritec.runtime.cudagraphs import auto_declines
 
-    conv_block = {"convolution": 1}, [{"template": "triton/pointwise_tiled"},
-                                      {"template": "triton/pointwise"}]
+    pointwise, row = {"matrix_products": False}, {"matrix_products": False}
+    conv_block = {"convolution": 1}, [pointwise, pointwise]
     assert auto_declines(*conv_block) is None
-    mlp = {"addmm": 2}, [{"template": "triton/pointwise"}]
+    mlp = {"addmm": 2}, [pointwise]
     assert "with matrix products, fewer than 12" in auto_declines(*mlp)
-    attention = {}, [{"template": "triton/attention"}] * 2 + [{"template": "triton/row"}] * 2
+    attention = {}, [{"matrix_products": True}] * 2 + [row] * 2
     assert "fewer than 12" in auto_declines(*attention)
-    one_kernel = {}, [{"template": "triton/row"}]
+    one_kernel = {}, [row]
     assert "1 launch(es) without matrix products, fewer than 3" in auto_declines(*one_kernel)
-    many = {"addmm": 6}, [{"template": "triton/row"}] * 6
+    many = {"addmm": 6}, [row] * 6
     assert auto_declines(*many) is None
+
+
+def test_the_kinds_that_compute_matrix_products_say_so() -> None:
+    """kinds/kind.py: matrix_products, which a kernel's report record carries to
+    auto_declines, in place of a list of template names."""
+    from rewritec.kinds.registry import KINDS
+
+    assert {n for n, k in KINDS.items() if k.matrix_products} == {"matmul", "attention"}
 
 
 @pytest.fixture(autouse=True)
