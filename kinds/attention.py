@@ -21,7 +21,7 @@ from typing import Any
 
 from ..engine.ops import OpTable
 from ..engine.term import Term
-from .kernels import TRITON_DTYPES, RenderError, _header
+from .kernels import TRITON_DTYPES, RenderError, kernel_header
 from .kind import Kind
 from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
@@ -94,7 +94,7 @@ def render_attention(spec: KernelSpec) -> str:
         # gets bf16 tl.dot wrong (kinds/matmul.py), so interpreted kernels widen first
         operand_cast = ".to(tl.float32)" if dtype != "f32" else ""
         dot_args, p_dtype = ', input_precision="ieee"', "tl.float32"
-    return render_template("triton/attention.py.j2", header=_header(spec, "triton", "#"),
+    return render_template("triton/attention.py.j2", header=kernel_header(spec, "triton", "#"),
                            name=spec.name, dtype=TRITON_DTYPES[dtype], p_dtype=p_dtype,
                            operand_cast=operand_cast, dot_args=dot_args)
 

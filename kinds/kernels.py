@@ -1,7 +1,12 @@
-"""From a `kernel` term to kernel source: Python computes every expression,
-the templates under `templates/triton/` and `templates/openmp/` lay them out.
+"""What the kinds share, from a `kernel` term to kernel source: Python computes
+every expression, the templates under `templates/triton/` and `templates/openmp/`
+lay them out.
 
-A kernel iterates over one space:
+Here: the spec of pointwise and row kernels (`spec_of`), index and value
+expressions, whether a target can compute a term (`can_compile`), and the pieces
+with which each kind's own render (kinds/pointwise.py, pointwise_tiled.py, row.py,
+row_looped.py) writes its loads, statements and stores. A kernel iterates over one
+space:
 - `pointwise`: the output's elements, linear index `i`;
 - `row`: rows of length `cols`; values are per element ([R..., C]) or per
   row ([R..., 1], e.g. a reduction's result), reductions run along a row.
@@ -35,21 +40,13 @@ from ..engine.fuse import (
 )
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
-from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .spec import KernelSpec, KInput, KOutput, size_params, static_width
-from .templates import TEMPLATES_DIR, has_template, render_template, template_path
+from .templates import TEMPLATES_DIR, has_template, template_path
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
                  "f64": "tl.float64", "b8": "tl.int1"}
 CPP_DTYPES = {"f32": "float", "f64": "double", "b8": "bool"}
 SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-# Row width up to which a Triton row's amax/amin is one NaN-propagating tl.reduce:
-# on an H200, GPT-2's masked attention softmax (1024 fp16 columns) ran 0.147 ms
-# that way against 0.166 ms with tl.max plus a NaN count; at 32K f32 columns the
-# second form was faster (softmax 0.075 against 0.097 ms).
-NAN_COMBINE_MAX_COLS = 4096
 
 
 class RenderError(Exception):
@@ -423,27 +420,19 @@ def on_device(t: Term, target: str) -> bool:
 
 
 # ------------------------------------------------------------------ rendering
-def render(spec: KernelSpec, target: str, table: OpTable | None = None,
-           simd_decls: tuple[str, ...] = ()) -> str:
-    """The kernel's source for `target`; `simd_decls` are the vector-math declarations
-    the C++ compiler may call (runtime/build.py: vector_math_decls probes them)."""
-    table = table or default_op_table()
+# What the kinds that write loads, statements and stores for a template share
+# (kinds/pointwise.py, pointwise_tiled.py, row.py, row_looped.py); each kind's
+# module owns its render.
+def check_template(spec: KernelSpec, target: str) -> None:
+    """A RenderError unless the kind has a template for `target` (the user's or
+    the package's)."""
     ext = "py" if target == "triton" else "cpp"
     if not has_template(f"{target}/{spec.template}.{ext}.j2", spec.template_dirs):
         raise RenderError(f"no {target} template templates/{target}/{spec.template}.{ext}.j2")
-    if target == "triton":
-        return _render_triton(spec, table)
-    return _render_cpp(spec, table, simd_decls)
 
 
-def render_kind(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
-                table: OpTable) -> str:
-    """`render` in a Kind's argument order: the render step of the kinds whose
-    sources are written here (pointwise and row)."""
-    return render(spec, target, table, simd_decls=simd_decls)
-
-
-def _names(spec: KernelSpec) -> dict[Term, str]:
+def term_names(spec: KernelSpec) -> dict[Term, str]:
+    """Each body term's variable in kernel source: x<k> for input k, t<n> for the rest."""
     names: dict[Term, str] = {}
     for t in spec.body:
         if t.op == "arg":
@@ -453,16 +442,16 @@ def _names(spec: KernelSpec) -> dict[Term, str]:
     return names
 
 
-def _per_row(t: Term, spec: KernelSpec) -> bool:
-    if spec.kind != "row":
-        return False
+def per_row(t: Term, spec: KernelSpec) -> bool:
+    """In a row kernel: whether `t` is one value per row (a reduction's result, a
+    per-row input, or computed from such values only)."""
     if t.op == "arg":
         return spec.inputs[t.attr("index")].per_row
     return t.op in ROW_REDUCTIONS or (bool(t.args) and all(
-        _per_row(a, spec) for a in t.args if a.op != "const"))
+        per_row(a, spec) for a in t.args if a.op != "const"))
 
 
-def _header(spec: KernelSpec, target: str, comment: str) -> list[str]:
+def kernel_header(spec: KernelSpec, target: str, comment: str) -> list[str]:
     return [f"{comment} rewritec kernel {spec.name}",
             f"{comment} rule: {spec.rule} @ {spec.location}",
             f"{comment} template: {template_shown(spec, target)}",
@@ -479,253 +468,49 @@ def template_shown(spec: KernelSpec, target: str) -> str:
     return str(path)
 
 
-def _tiled_offsets(spec: KernelSpec) -> tuple[dict[str, str], str]:
-    """Offsets for the tiled pointwise template: per input, and the output's."""
-    rank, y, x = spec.rank, spec.meta["tile"], spec.rank - 1
-    sizes = [sympy.Symbol(f"size{k}", integer=True, positive=True) for k in range(rank)]
-    dense = [sympy.Mul(*sizes[k + 1:]) for k in range(rank)]
-    zdims = [k for k in range(rank) if k not in (y, x)]
-
-    def offset(strides: list[sympy.Expr]) -> str:
-        z = print_index(subspace_offset(zdims, sizes, strides, "z"), "triton") if zdims else "0"
-        return (f"{z} + offs_y[:, None] * ({print_index(strides[y], 'triton')}) "
-                f"+ offs_x[None, :] * ({print_index(strides[x], 'triton')})")
-
-    out = offset(dense)
-    offsets = {}
-    for inp in spec.inputs:
-        strides = dense if inp.flat else [sympy.Symbol(f"{inp.name}_stride{k}", integer=True)
-                                          for k in range(rank)]
-        offsets[inp.name] = offset(strides)
-    return offsets, out
-
-
-def _render_triton(spec: KernelSpec, table: OpTable) -> str:
-    names = _names(spec)
-    tiled = spec.template == "pointwise_tiled"
-    if tiled:
-        tile_offsets, tile_out = _tiled_offsets(spec)
+def triton_load(spec: KernelSpec, k: int, off: str, mask: str | None) -> str:
+    """Input k loaded at `off` (masked by `mask`, if any) into the compute dtype."""
+    inp = spec.inputs[k]
     compute = "tl.float64" if spec.compute == "f64" else "tl.float32"
-    loads, stmts = [], []
-    for inp in spec.inputs:
-        if tiled:
-            off, mask = tile_offsets[inp.name], "mask"
-        elif spec.kind == "pointwise":
-            off = "offs" if inp.flat else print_index(
-                strided_offset(spec.rank, inp.name, "offs"), "triton")
-            mask = "mask"
-        elif inp.per_row:
-            off = "row" if inp.flat else print_index(
-                strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
-            mask = None
-        else:
-            base = "row * n_cols + cols" if inp.flat else (
-                f"{print_index(strided_offset(spec.rank, inp.name, 'row', True), 'triton')} "
-                f"+ cols * {inp.name}_stride{spec.rank - 1}")
-            off, mask = base, "mask"
-        cast = "" if inp.dtype == "b8" else f".to({compute})"
-        if inp.dtype in ("f16", "bf16") and spec.compute == "f64":
-            cast = f".to(tl.float32){cast}"  # exact; the interpreter has no half -> f64
-        m = f", mask={mask}, other=0" if mask else ""
-        loads.append(f"x{spec.inputs.index(inp)} = tl.load({inp.name}_ptr + {off}{m}){cast}")
-    for t in spec.body:
-        if t.op in ("arg", "const"):
-            continue
-        if t.op in ROW_REDUCTIONS:
-            src = names[t.args[0]]
-            if t.op in ("sum", "mean"):
-                e = f"tl.sum(tl.where(mask, {src}, 0.0), axis=0)"
-                if t.op == "mean":
-                    e = f"{e} / n_cols"
-            else:
-                fill = "float('-inf')" if t.op == "amax" else "float('inf')"
-                # tl.max drops nan; torch.amax returns nan for a row that has one.
-                if int(spec.meta.get("cols") or 0) <= NAN_COMBINE_MAX_COLS:
-                    # one reduction whose combine function propagates nan
-                    fn = "_max_propagate_nan" if t.op == "amax" else "_min_propagate_nan"
-                    e = f"tl.reduce(tl.where(mask, {src}, {fill}), 0, {fn})"
-                else:
-                    # wide rows: tl.max plus a count of nans is faster there
-                    fn = "tl.max" if t.op == "amax" else "tl.min"
-                    stmts.append(f"{names[t]}_nan = tl.sum(tl.where(mask & ({src} != {src}),"
-                                 f" 1, 0), axis=0) > 0")
-                    e = (f"tl.where({names[t]}_nan, float('nan'), "
-                         f"{fn}(tl.where(mask, {src}, {fill}), axis=0))")
-            stmts.append(f"{names[t]} = {e}")
-        else:
-            stmts.append(f"{names[t]} = {value_expr(t, names, 'triton', table)}")
-    stores = []
-    for out, t in zip(spec.outputs, spec.written, strict=True):
-        if spec.kind == "pointwise":  # tiled: the template's out_offset
-            off, out_mask = "offs", "mask"
-        elif out.per_row:
-            off, out_mask = "row", None
-        else:
-            off, out_mask = "row * n_cols + cols", "mask"
-        value = names[t]
-        if spec.compute == "f64" and out.dtype in ("f16", "bf16"):
-            value = f"{value}.to(tl.float32)"  # as loads: the interpreter has no f64 -> half
-        stores.append({"ptr": f"{out.name}_ptr", "offset": off, "mask": out_mask,
-                       "value": value, "dtype": TRITON_DTYPES[out.dtype]})
+    cast = "" if inp.dtype == "b8" else f".to({compute})"
+    if inp.dtype in ("f16", "bf16") and spec.compute == "f64":
+        cast = f".to(tl.float32){cast}"  # exact; the interpreter has no half -> f64
+    m = f", mask={mask}, other=0" if mask else ""
+    return f"x{k} = tl.load({inp.name}_ptr + {off}{m}){cast}"
+
+
+def triton_statement(t: Term, names: dict[Term, str], table: OpTable) -> str:
+    return f"{names[t]} = {value_expr(t, names, 'triton', table)}"
+
+
+def triton_store(spec: KernelSpec, out: KOutput, value: str, off: str,
+                 mask: str | None) -> dict[str, Any]:
+    """What a Triton template stores of one output: `value` at `off`."""
+    if spec.compute == "f64" and out.dtype in ("f16", "bf16"):
+        value = f"{value}.to(tl.float32)"  # as loads: the interpreter has no f64 -> half
+    return {"ptr": f"{out.name}_ptr", "offset": off, "mask": mask, "value": value,
+            "dtype": TRITON_DTYPES[out.dtype]}
+
+
+def triton_params(spec: KernelSpec, extent: str) -> list[str]:
+    """Pointers, the extent (`n_elements`, or a row's width), sizes, strides."""
     params = [f"{i.name}_ptr" for i in spec.inputs] + [f"{o.name}_ptr" for o in spec.outputs]
-    params += ["n_elements"] if spec.kind == "pointwise" else [row_width_param(spec)]
+    params += [extent]
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
-    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
-                           header=_header(spec, "triton", "#"),
-                           name=spec.name, params=params, loads=loads, stmts=stmts,
-                           stores=stores, out_offset=tile_out if tiled else None,
-                           tile_y=spec.meta.get("tile"), tile_x=spec.rank - 1)
+    return params
 
 
-def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -> str:
-    names = _names(spec)
-    ctype = CPP_DTYPES[spec.compute]
+def cpp_statement(t: Term, names: dict[Term, str], ctype: str, table: OpTable) -> str:
+    return f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
+
+
+def cpp_params(spec: KernelSpec, extent: str) -> list[str]:
+    """Pointers, sizes, strides, then `extent` (the loop's count) and `n_cols`."""
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
     # each output in its own dtype (an f32 one of an f64 kernel: stores convert)
     params += [f"{CPP_DTYPES[o.dtype]}* __restrict__ {o.name}_ptr" for o in spec.outputs]
     params += [f"int64_t size{k}" for k in range(spec.rank)]
     params += [f"int64_t {i.name}_stride{k}" for i in spec.inputs if not i.flat
                for k in range(spec.rank)]
-    params += ["int64_t n_elements" if spec.kind == "pointwise" else "int64_t n_rows",
-               "int64_t n_cols"]
-
-    def load(inp: KInput, idx: int) -> str:
-        if spec.kind == "pointwise":
-            off = "i" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "i"), "cpp")
-        elif inp.per_row:
-            off = "r" if inp.flat else print_index(
-                strided_offset(spec.rank, inp.name, "r", skip_last=True), "cpp")
-        else:
-            off = "r * n_cols + c" if inp.flat else (
-                f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')} "
-                f"+ c * {inp.name}_stride{spec.rank - 1}")
-        return f"const {ctype} x{idx} = {inp.name}_ptr[{off}];"
-
-    def stmt(t: Term) -> str:
-        return f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
-
-    if spec.kind == "pointwise":
-        strided = [inp for inp in spec.inputs if not inp.flat]
-        if not strided or spec.rank == 0:
-            lines = [load(inp, k) for k, inp in enumerate(spec.inputs)]
-            row_lines: list[str] = []
-            unit_stride, contiguous = "", []
-        else:
-            # Rows of the last dim: each strided input's offset is computed once per
-            # row (integer division does not vectorize, and a loop with one keeps
-            # libmvec's vector exp/erf/... from being used), then `c * stride`.
-            row_lines = [f"const int64_t {inp.name}_base = "
-                         f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')};"
-                         for inp in strided]
-            last = spec.rank - 1
-            # The loop comes twice: with `c * stride` along the row (gathers) and, when
-            # every strided input is contiguous along it (a broadcast bias), with plain
-            # vector loads: gelu(x + b) at 256x4096 on 2 cores 0.278 -> 0.224 ms.
-            unit_stride = " && ".join(f"{inp.name}_stride{last} == 1" for inp in strided)
-
-            def row_loads(step: str) -> list[str]:
-                """Loads at column c, `step` (with {name}) apart in strided inputs."""
-                return [f"const {ctype} x{k} = {inp.name}_ptr[" + (
-                    "i" if inp.flat else f"{inp.name}_base + " + step.format(name=inp.name))
-                    + "];" for k, inp in enumerate(spec.inputs)]
-
-            contiguous = row_loads("c")
-            lines = row_loads(f"c * {{name}}_stride{last}")
-        compute = [stmt(t) for t in spec.body if t.op not in ("arg", "const")]
-        stores = [{"ptr": f"{o.name}_ptr", "value": names[t]}
-                  for o, t in zip(spec.outputs, spec.written, strict=True)]
-        return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
-                               header=_header(spec, "openmp", "//"), name=spec.name,
-                               params=params, body=lines + compute, stores=stores,
-                               rows=bool(row_lines), row_body=row_lines,
-                               unit_stride=unit_stride, unit_body=contiguous + compute,
-                               simd_decls=simd_decls)
-    # Row kernel: per-row values first (loads, then reductions in order, each a loop over
-    # the row that recomputes only the element values it needs), then the output loop.
-    # A step is a per-row line or a reduction, whose loop the template writes.
-    steps: list[dict[str, Any]] = [{"reduce": False, "line": load(inp, k)}
-                                   for k, inp in enumerate(spec.inputs) if inp.per_row]
-    done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
-
-    def needed(target_terms: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
-        """Element terms the targets need, in body order, not going past `known`."""
-        reach: set[Term] = set()
-        stack = list(target_terms)
-        while stack:
-            u = stack.pop()
-            if u not in reach:
-                reach.add(u)
-                if u not in known:
-                    stack.extend(u.args)
-        return [t for t in spec.body if t in reach and t not in known and t.op != "const"
-                and t not in done and not _per_row(t, spec)]
-
-    # The output loop would recompute what the last reduction's loop computed (the
-    # exp of a softmax): that loop stores the latest such value in the output, and
-    # the output loop reads it back (softmax 1024x1024: 0.49 -> 0.38 ms on 2 cores).
-    reductions = [t for t in spec.body if t.op in ROW_REDUCTIONS]
-    written = list(zip(spec.outputs, spec.written, strict=True))
-    elements = [t for o, t in written if not o.per_row]  # S-shaped outputs
-    kept: Term | None = None
-    if reductions and not spec.per_row_out and spec.out_dtype == spec.compute:
-        for_output = set(needed(elements))
-        shared = [t for t in needed([reductions[-1].args[0]])
-                  if t in for_output and t.op != "arg"]
-        kept = shared[-1] if shared else None
-    # An S-shaped side output is stored by the first loop that computes it; later
-    # loops read it back instead of computing it again (the row is one thread's).
-    # (Not one narrower than the compute dtype: read back, it would differ.)
-    side = {t: f"{o.name}_ptr" for o, t in written[1:]
-            if not o.per_row and o.dtype == spec.compute}
-    stored: dict[Term, str] = {}
-
-    def elem_lines(targets: list[Term]) -> tuple[list[str], list[Term]]:
-        """The lines computing the targets' element values (stored ones read back,
-        first), and the terms they compute."""
-        terms = needed(targets, frozenset(stored))
-        reach = {a for t in [*targets, *terms] for a in (t, *t.args)}
-        out = [f"const {ctype} {names[t]} = {stored[t]}[r * n_cols + c];"
-               for t in spec.body if t in stored and (t in reach or t is kept)]
-        for t in terms:
-            if t.op == "arg":
-                out.append(load(spec.inputs[t.attr("index")], t.attr("index")))
-            else:
-                out.append(stmt(t))
-        return out, terms
-
-    def store_side(terms: list[Term]) -> list[str]:
-        new = [t for t in terms if t in side and t not in stored]
-        stored.update((t, side[t]) for t in new)
-        return [f"{side[t]}[r * n_cols + c] = {names[t]};" for t in new]
-
-    for t in spec.body:
-        if t.op in ("arg", "const") or t in done:
-            continue
-        if t.op in ROW_REDUCTIONS:
-            acc = cpp_accumulator(t.op, f"{names[t]}_acc", ctype)
-            lines, terms = elem_lines([t.args[0]])
-            body = lines + acc.update(names[t.args[0]]) + store_side(terms)
-            if kept is not None and t is reductions[-1]:
-                body.append(f"out_ptr[r * n_cols + c] = {names[kept]};  // read back below")
-            steps.append({"reduce": True, "pairwise": acc.pairwise, "declare": acc.declare(),
-                          "thread_init": acc.thread_init(), "chunk_init": acc.chunk_init(),
-                          "clauses": acc.clauses(), "body": body, "chunk_end": acc.chunk_end(),
-                          "thread_end": acc.thread_end(), "single_end": acc.single_end(),
-                          "finish": acc.finish(names[t], "n_cols" if t.op == "mean" else None)})
-            done.add(t)
-        elif _per_row(t, spec):
-            steps.append({"reduce": False, "line": stmt(t)})
-            done.add(t)
-    if kept is not None:
-        stored[kept] = "out_ptr"
-    finals = [t for t in elements if t not in stored]  # what the output loop stores
-    out_lines = elem_lines(finals)[0] if finals else []
-    row_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written if o.per_row]
-    elem_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written
-                   if t in finals]
-    return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
-                           header=_header(spec, "openmp", "//"),
-                           name=spec.name, params=params, row_steps=steps,
-                           chunk=PAIRWISE_CHUNK, elem_body=out_lines, row_stores=row_stores,
-                           elem_stores=elem_stores, simd_decls=simd_decls)
+    return [*params, f"int64_t {extent}", "int64_t n_cols"]

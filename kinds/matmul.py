@@ -23,17 +23,17 @@ from .kernels import (
     TRITON_DTYPES,
     RenderError,
     _contiguous,
-    _header,
+    kernel_header,
     _key,
-    _names,
+    term_names,
     print_index,
     strided_offset,
     value_expr,
 )
 from .kind import Kind
-from .tuning import MatmulTuning
 from .spec import KernelSpec, KInput, KOutput
 from .templates import render_template
+from .tuning import MatmulTuning
 
 
 def matmul_spec(term: Term, index: int) -> KernelSpec:
@@ -75,7 +75,7 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
 
 
 def render_matmul(spec: KernelSpec, table: OpTable) -> str:
-    names = _names(spec)
+    names = term_names(spec)
     meta = spec.meta
     loads, stmts = [], []
     for i in meta["epilogue"]:
@@ -116,7 +116,7 @@ def render_matmul(spec: KernelSpec, table: OpTable) -> str:
         # Triton's interpreter gets bf16 tl.dot wrong (checked with triton 3.x: errors
         # of 1e10 on a 16x16 product), so interpreted kernels widen the operands first.
         operand_cast, dot_args = ".to(tl.float32)", ', input_precision="ieee"'
-    return render_template("triton/matmul.py.j2", header=_header(spec, "triton", "#"),
+    return render_template("triton/matmul.py.j2", header=kernel_header(spec, "triton", "#"),
                            name=spec.name, params=params, loads=loads, stmts=stmts,
                            result=names[spec.root], out_dtype=TRITON_DTYPES[spec.out_dtype],
                            a_ptr=f"{spec.inputs[meta['a']].name}_ptr",

@@ -34,16 +34,16 @@ from .kernels import (
     CPP_DTYPES,
     TRITON_DTYPES,
     _contiguous,
-    _header,
+    kernel_header,
     _key,
-    _names,
+    term_names,
     print_index,
     value_expr,
 )
 from .kind import Kind
-from .tuning import ReductionTuning
 from .spec import KernelSpec, KInput, KOutput, stride_params
 from .templates import render_template
+from .tuning import ReductionTuning
 
 # OpenMP: below this many elements, an output's reduction is not worth a
 # parallel region (its start costs a few microseconds).
@@ -202,7 +202,7 @@ def triton_finish(op: str, name: str, acc: str, axis: int) -> str:
 
 # ------------------------------------------------------------------ Triton
 def _render_triton(spec: KernelSpec, table: OpTable) -> str:
-    names = _names(spec)
+    names = term_names(spec)
     compute = TRITON_DTYPES[spec.compute]
     pro, red, epi = _split(spec)
     loads, epi_loads = [], []
@@ -234,7 +234,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
     params += [f"size{k}" for k in range(spec.rank)] + stride_params(spec)
     params += ["n_out", "n_red"]
-    return render_template("triton/reduction.py.j2", header=_header(spec, "triton", "#"),
+    return render_template("triton/reduction.py.j2", header=kernel_header(spec, "triton", "#"),
                            name=spec.name, params=params, init=init, loads=loads, stmts=stmts,
                            update=update, finish=finish, partial=partial, means=means,
                            combine_init=combine, combine_loads=combine_loads,
@@ -244,7 +244,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
 
 # ------------------------------------------------------------------ OpenMP
 def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -> str:
-    names = _names(spec)
+    names = term_names(spec)
     ctype = CPP_DTYPES[spec.compute]
     pro, red, epi = _split(spec)
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
@@ -279,7 +279,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     def each(phase: str) -> list[str]:
         return [line for a in accs for line in getattr(a, phase)()]
 
-    return render_template("openmp/reduction.cpp.j2", header=_header(spec, "openmp", "//"),
+    return render_template("openmp/reduction.cpp.j2", header=kernel_header(spec, "openmp", "//"),
                            name=spec.name, params=params, body=body + update,
                            declare=each("declare"), thread_init=each("thread_init"),
                            chunk_init=each("chunk_init"), chunk_end=each("chunk_end"),

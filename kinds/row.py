@@ -1,23 +1,44 @@
 """The `row` kernel kind: pointwise work around reductions along one dim.
 
 Rules fuse-row (softmax, log_softmax, layer_norm, rms_norm) and fuse-row-reduction
-name it: one program per row, the row kept in registers. Its spec and render are
-shared with the pointwise kind (kinds/kernels.py), the template is
-templates/<target>/row.*.j2. On Triton a row too wide for registers runs as the
+name it: one program per row, the row kept in registers. Its spec is built as the
+pointwise kind's (kinds/kernels.py: spec_of); its render is here: Python writes
+the loads, statements, reductions and stores, templates/<target>/row.*.j2 the
+loops around them. On Triton a row too wide for registers runs as the
 `row_looped` variant instead (kinds/row_looped.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.fuse import ROW_REDUCTIONS, FLOATS, kernel_value, reduced_dim
+from ..engine.ops import OpTable
 from ..engine.term import Term
-from .kernels import render_kind, spec_of
+from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
+from .kernels import (
+    CPP_DTYPES,
+    check_template,
+    cpp_params,
+    cpp_statement,
+    kernel_header,
+    per_row,
+    print_index,
+    row_width_param,
+    spec_of,
+    strided_offset,
+    term_names,
+    triton_load,
+    triton_params,
+    triton_statement,
+    triton_store,
+)
 from .kind import Kind
-from .tuning import RowTuning
 from .row_looped import looped
-from .spec import KernelSpec
+from .spec import KernelSpec, KInput
+from .templates import render_template
+from .tuning import RowTuning
 
 
 class RowSpace:
@@ -82,7 +103,202 @@ def _variant(spec: KernelSpec, target: str) -> str | None:
     return "row_looped" if target == "triton" and looped(spec) else None
 
 
+# Row width up to which a Triton row's amax/amin is one NaN-propagating tl.reduce:
+# on an H200, GPT-2's masked attention softmax (1024 fp16 columns) ran 0.147 ms
+# that way against 0.166 ms with tl.max plus a NaN count; at 32K f32 columns the
+# second form was faster (softmax 0.075 against 0.097 ms).
+NAN_COMBINE_MAX_COLS = 4096
+
+
+def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
+           table: OpTable) -> str:
+    check_template(spec, target)
+    if target == "triton":
+        return _render_triton(spec, table)
+    return _CppRow(spec, table).render(simd_decls)
+
+
+# ------------------------------------------------------------------------- Triton
+def _render_triton(spec: KernelSpec, table: OpTable) -> str:
+    names = term_names(spec)
+    loads = [_triton_load(spec, k, inp) for k, inp in enumerate(spec.inputs)]
+    stmts: list[str] = []
+    for t in spec.body:
+        if t.op in ROW_REDUCTIONS:
+            stmts += _triton_reduce(spec, t, names)
+        elif t.op not in ("arg", "const"):
+            stmts.append(triton_statement(t, names, table))
+    stores = [triton_store(spec, o, names[t], "row", None) if o.per_row else
+              triton_store(spec, o, names[t], "row * n_cols + cols", "mask")
+              for o, t in zip(spec.outputs, spec.written, strict=True)]
+    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
+                           header=kernel_header(spec, "triton", "#"), name=spec.name,
+                           params=triton_params(spec, row_width_param(spec)), loads=loads,
+                           stmts=stmts, stores=stores)
+
+
+def _triton_load(spec: KernelSpec, k: int, inp: KInput) -> str:
+    if inp.flat:
+        return triton_load(spec, k, "row", None) if inp.per_row else \
+            triton_load(spec, k, "row * n_cols + cols", "mask")
+    row = print_index(strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
+    if inp.per_row:
+        return triton_load(spec, k, row, None)
+    return triton_load(spec, k, f"{row} + cols * {inp.name}_stride{spec.rank - 1}", "mask")
+
+
+def _triton_reduce(spec: KernelSpec, t: Term, names: dict[Term, str]) -> list[str]:
+    """The lines reducing `t`'s operand along the row into names[t]."""
+    src = names[t.args[0]]
+    if t.op in ("sum", "mean"):
+        e = f"tl.sum(tl.where(mask, {src}, 0.0), axis=0)"
+        return [f"{names[t]} = {e} / n_cols" if t.op == "mean" else f"{names[t]} = {e}"]
+    fill = "float('-inf')" if t.op == "amax" else "float('inf')"
+    # tl.max drops nan; torch.amax returns nan for a row that has one.
+    if int(spec.meta.get("cols") or 0) <= NAN_COMBINE_MAX_COLS:
+        # one reduction whose combine function propagates nan
+        fn = "_max_propagate_nan" if t.op == "amax" else "_min_propagate_nan"
+        return [f"{names[t]} = tl.reduce(tl.where(mask, {src}, {fill}), 0, {fn})"]
+    # wide rows: tl.max plus a count of nans is faster there
+    fn = "tl.max" if t.op == "amax" else "tl.min"
+    return [f"{names[t]}_nan = tl.sum(tl.where(mask & ({src} != {src}), 1, 0), axis=0) > 0",
+            f"{names[t]} = tl.where({names[t]}_nan, float('nan'), "
+            f"{fn}(tl.where(mask, {src}, {fill}), axis=0))"]
+
+
+# ------------------------------------------------------------------------- OpenMP
+@dataclass
+class _CppRow:
+    """A row kernel for templates/openmp/row.cpp.j2: per-row values first (loads,
+    then reductions in order, each a loop over the row that recomputes only the
+    element values it needs), then the output loop. A step is a per-row line or a
+    reduction, whose loop the template writes."""
+
+    spec: KernelSpec
+    table: OpTable
+    names: dict[Term, str] = field(init=False)
+    ctype: str = field(init=False)
+    done: set[Term] = field(init=False)  # per-row values computed by earlier steps
+    stored: dict[Term, str] = field(default_factory=dict)  # read back from this pointer
+    kept: Term | None = None  # stored in the output by the last reduction's loop
+
+    def __post_init__(self) -> None:
+        self.names = term_names(self.spec)
+        self.ctype = CPP_DTYPES[self.spec.compute]
+        self.done = {t for t in self.spec.body if t.op == "arg" and per_row(t, self.spec)}
+
+    def load(self, inp: KInput, idx: int) -> str:
+        spec = self.spec
+        if inp.per_row:
+            off = "r" if inp.flat else print_index(
+                strided_offset(spec.rank, inp.name, "r", skip_last=True), "cpp")
+        else:
+            off = "r * n_cols + c" if inp.flat else (
+                f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')} "
+                f"+ c * {inp.name}_stride{spec.rank - 1}")
+        return f"const {self.ctype} x{idx} = {inp.name}_ptr[{off}];"
+
+    def needed(self, targets: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
+        """Element terms the targets need, in body order, not going past `known`."""
+        reach: set[Term] = set()
+        stack = list(targets)
+        while stack:
+            u = stack.pop()
+            if u not in reach:
+                reach.add(u)
+                if u not in known:
+                    stack.extend(u.args)
+        return [t for t in self.spec.body if t in reach and t not in known and t.op != "const"
+                and t not in self.done and not per_row(t, self.spec)]
+
+    def elem_lines(self, targets: list[Term]) -> tuple[list[str], list[Term]]:
+        """The lines computing the targets' element values (stored ones read back,
+        first), and the terms they compute."""
+        terms = self.needed(targets, frozenset(self.stored))
+        reach = {a for t in [*targets, *terms] for a in (t, *t.args)}
+        out = [f"const {self.ctype} {self.names[t]} = {self.stored[t]}[r * n_cols + c];"
+               for t in self.spec.body if t in self.stored and (t in reach or t is self.kept)]
+        for t in terms:
+            if t.op == "arg":
+                out.append(self.load(self.spec.inputs[t.attr("index")], t.attr("index")))
+            else:
+                out.append(cpp_statement(t, self.names, self.ctype, self.table))
+        return out, terms
+
+    def choose_kept(self, elements: list[Term], reductions: list[Term]) -> None:
+        """The output loop would recompute what the last reduction's loop computed
+        (the exp of a softmax): that loop stores the latest such value in the output,
+        and the output loop reads it back (softmax 1024x1024: 0.49 -> 0.38 ms on 2
+        cores)."""
+        spec = self.spec
+        if reductions and not spec.per_row_out and spec.out_dtype == spec.compute:
+            for_output = set(self.needed(elements))
+            shared = [t for t in self.needed([reductions[-1].args[0]])
+                      if t in for_output and t.op != "arg"]
+            self.kept = shared[-1] if shared else None
+
+    def steps(self, reductions: list[Term], side: dict[Term, str]) -> list[dict[str, Any]]:
+        """The per-row steps: per-row loads, then each reduction's loop or per-row line."""
+        spec, names = self.spec, self.names
+        steps: list[dict[str, Any]] = [{"reduce": False, "line": self.load(inp, k)}
+                                       for k, inp in enumerate(spec.inputs) if inp.per_row]
+        for t in spec.body:
+            if t.op in ("arg", "const") or t in self.done:
+                continue
+            if t.op in ROW_REDUCTIONS:
+                steps.append(self.reduce_step(t, t is reductions[-1], side))
+                self.done.add(t)
+            elif per_row(t, spec):
+                steps.append({"reduce": False,
+                              "line": cpp_statement(t, names, self.ctype, self.table)})
+                self.done.add(t)
+        return steps
+
+    def reduce_step(self, t: Term, last: bool, side: dict[Term, str]) -> dict[str, Any]:
+        names = self.names
+        acc = cpp_accumulator(t.op, f"{names[t]}_acc", self.ctype)
+        lines, terms = self.elem_lines([t.args[0]])
+        # An S-shaped side output is stored by the first loop that computes it; later
+        # loops read it back instead of computing it again (the row is one thread's).
+        new = [u for u in terms if u in side and u not in self.stored]
+        self.stored.update((u, side[u]) for u in new)
+        body = lines + acc.update(names[t.args[0]]) + \
+            [f"{side[u]}[r * n_cols + c] = {names[u]};" for u in new]
+        if self.kept is not None and last:
+            body.append(f"out_ptr[r * n_cols + c] = {names[self.kept]};  // read back below")
+        return {"reduce": True, "pairwise": acc.pairwise, "declare": acc.declare(),
+                "thread_init": acc.thread_init(), "chunk_init": acc.chunk_init(),
+                "clauses": acc.clauses(), "body": body, "chunk_end": acc.chunk_end(),
+                "thread_end": acc.thread_end(), "single_end": acc.single_end(),
+                "finish": acc.finish(names[t], "n_cols" if t.op == "mean" else None)}
+
+    def render(self, simd_decls: tuple[str, ...]) -> str:
+        spec, names = self.spec, self.names
+        reductions = [t for t in spec.body if t.op in ROW_REDUCTIONS]
+        written = list(zip(spec.outputs, spec.written, strict=True))
+        elements = [t for o, t in written if not o.per_row]  # S-shaped outputs
+        self.choose_kept(elements, reductions)
+        # (Not a side output narrower than the compute dtype: read back, it would differ.)
+        side = {t: f"{o.name}_ptr" for o, t in written[1:]
+                if not o.per_row and o.dtype == spec.compute}
+        steps = self.steps(reductions, side)
+        if self.kept is not None:
+            self.stored[self.kept] = "out_ptr"
+        finals = [t for t in elements if t not in self.stored]  # what the output loop stores
+        out_lines = self.elem_lines(finals)[0] if finals else []
+        row_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]}
+                      for o, t in written if o.per_row]
+        elem_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written
+                       if t in finals]
+        return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
+                               header=kernel_header(spec, "openmp", "//"),
+                               name=spec.name, params=cpp_params(spec, "n_rows"),
+                               row_steps=steps, chunk=PAIRWISE_CHUNK, elem_body=out_lines,
+                               row_stores=row_stores, elem_stores=elem_stores,
+                               simd_decls=simd_decls)
+
+
 KIND = Kind(name="row", doc="pointwise work around reductions along one dim, a row per program",
-            space=RowSpace, spec=_spec, variant=_variant, render=render_kind,
+            space=RowSpace, spec=_spec, variant=_variant, render=render,
             launchers={"triton": "RowTritonLauncher", "openmp": "CppLauncher"},
             tuning=RowTuning())

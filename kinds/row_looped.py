@@ -19,9 +19,9 @@ from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .kernels import (
     TRITON_DTYPES,
-    _header,
-    _names,
-    _per_row,
+    kernel_header,
+    term_names,
+    per_row,
     print_index,
     row_width_param,
     strided_offset,
@@ -29,9 +29,9 @@ from .kernels import (
 )
 from .reduction import triton_accumulate, triton_finish, triton_init
 from .kind import Kind
-from .tuning import LoopedRowTuning
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import render_template
+from .tuning import LoopedRowTuning
 
 # Widest row (static columns) the persistent template takes. Wider rows loop.
 # With the width a compile-time constant (kernels.row_width_param), a looped
@@ -76,7 +76,7 @@ def _variance_of(t: Term) -> Term | None:
 
 def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     table = table or default_op_table()
-    names = _names(spec)
+    names = term_names(spec)
     compute = TRITON_DTYPES[spec.compute]
 
     def load(inp: KInput, idx: int, last: bool = False) -> str:
@@ -95,18 +95,18 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     def stmt(t: Term) -> str:
         return f"{names[t]} = {value_expr(t, names, 'triton', table)}"
 
-    done: set[Term] = {t for t in spec.body if t.op == "arg" and _per_row(t, spec)}
+    done: set[Term] = {t for t in spec.body if t.op == "arg" and per_row(t, spec)}
 
     def elem_terms(targets: list[Term]) -> list[Term]:
         """Element values the targets need (loads included), in body order; the
         search stops at per-row values, which earlier passes computed."""
         need: set[Term] = set()
-        stack = [t for t in targets if not _per_row(t, spec)]
+        stack = [t for t in targets if not per_row(t, spec)]
         while stack:
             t = stack.pop()
             if t not in need:
                 need.add(t)
-                stack += [a for a in t.args if a.op != "const" and not _per_row(a, spec)]
+                stack += [a for a in t.args if a.op != "const" and not per_row(a, spec)]
         return [t for t in spec.body if t in need]
 
     def elem_lines(targets: list[Term], last: bool = False) -> list[str]:
@@ -157,7 +157,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
             if t.op == "mean":
                 pass_of[t] = passes[-1]
             done.add(t)
-        elif _per_row(t, spec):
+        elif per_row(t, spec):
             (passes[-1]["after"] if passes else row_lines).append(stmt(t))
             done.add(t)
     stores: list[dict[str, Any]] = [
@@ -178,7 +178,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     params += [row_width_param(spec)]
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
-    return render_template("triton/row_looped.py.j2", header=_header(spec, "triton", "#"),
+    return render_template("triton/row_looped.py.j2", header=kernel_header(spec, "triton", "#"),
                            welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body,
