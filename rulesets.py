@@ -19,7 +19,7 @@ from .engine.ops import RULES_DIR, OpInfo, OpTable, default_op_table, use_defaul
 from .engine.rewrite import BUILTIN_STEPS
 from .kinds.templates import check_user_templates
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
-from .kinds.registry import RULE_KINDS
+from .kinds.registry import KERNEL_REWRITES, RULE_KINDS
 from .options import Options, closest
 
 
@@ -214,6 +214,10 @@ def find_rule(name: str, opts: Options) -> Rule:
     if name in BUILTIN_STEPS:
         raise RuleError(f"{name} is a built-in step of the rewriter, not a rule: "
                         f"{BUILTIN_STEPS[name]}")
+    if name in KERNEL_REWRITES:
+        rw = KERNEL_REWRITES[name]
+        raise RuleError(f"{name} is a built-in kernel rewrite of the variants pass, not a "
+                        f"rule: {rw.doc} ({rw.location})")
     raise RuleError(f"no rule named {name!r} (see `rewritec rules list`)")
 
 
@@ -228,7 +232,8 @@ def list_rules(opts: Options) -> int:
         print(f"{r.kind:<10} {r.name:<{width}}  {r.doc:<44}  {r.location}{tag}")
     fast = sum(not r.fp_exact for r in rules)
     print(f"\n{len(rules)} rules ({fast} fast-math: applied only with --fast-math)")
-    print(f"built-in steps (not rules): {', '.join(sorted(BUILTIN_STEPS))}")
+    print(f"built-in steps (not rules): "
+          f"{', '.join(sorted([*BUILTIN_STEPS, *KERNEL_REWRITES]))}")
     return 0
 
 

@@ -32,9 +32,10 @@ class Context:
     """One graph's compilation, as its passes see it. `can_compile` and `spaces`
     (each kernel kind's iteration space: kinds/registry.py) are the kernel target
     (None: the fuse pass leaves everything to ATen); `relayout(graph) -> (graph,
-    summary)` is the layout pass (None: layouts stay), `variants` likewise the
-    kernel-variants pass (kinds/variants.py; None: kernels run as grouped); `explain` (the `explain`
-    option, `rewritec explain`) watches one rule, rewrite or fuse."""
+    summary)` is the layout pass (None: layouts stay); `variants(graph, ctx) ->
+    (graph, summary)` the kernel-variants pass (kinds/variants.py; None: kernels
+    run as grouped), which records its named rewrites through `rewrote`; `explain`
+    (the `explain` option, `rewritec explain`) watches one rule, rewrite or fuse."""
 
     store: TermStore
     rules: list[Rule]
@@ -44,7 +45,7 @@ class Context:
     can_compile: Callable[[Term], bool] | None = None
     spaces: Mapping[str, Callable[[Term], Space]] = field(default_factory=dict)
     relayout: Callable[[Graph], tuple[Graph, str]] | None = None
-    variants: Callable[[Graph], tuple[Graph, str]] | None = None
+    variants: Callable[[Graph, Context], tuple[Graph, str]] | None = None
     debug: int = 0
     log: Callable[[str], None] = diag.log.info
     explain: Explanation | None = None
@@ -61,6 +62,18 @@ class Context:
         self.phase_log.append(line)
         if self.debug >= 1:
             self.log(line)
+
+    def rewrote(self, step: str, location: str, before: Term, after: Term) -> None:
+        """A named step that is not a YAML rule (a kernel rewrite such as Welford's,
+        kinds/kind.py: KernelRewrite) fired: counted and traced as a rule's firing."""
+        self.fired[step] += 1
+        if self.trace is not None:
+            self.trace.fired(step, location, before, after)
+
+    def moved(self, now: Mapping[Term, Term]) -> None:
+        """A pass rebuilt the graph: `now` maps its terms to their new ones."""
+        if self.trace is not None:
+            self.trace.moved(now)
 
 
 class Pass(Protocol):
@@ -151,6 +164,14 @@ class FusePass:
         return graph
 
 
+def _with_context(step: Callable[[Graph, Context], tuple[Graph, str]] | None, ctx: Context
+                  ) -> Callable[[Graph], tuple[Graph, str]] | None:
+    """A target step that records into the compile context, as TargetPass runs one."""
+    if step is None:
+        return None
+    return lambda graph: step(graph, ctx)
+
+
 PASSES: tuple[Pass, ...] = (
     RewritePass("recognize", ("recognize",),
                 "replace whole idioms (attention written out as matmul, softmax, matmul) by "
@@ -168,10 +189,11 @@ PASSES: tuple[Pass, ...] = (
     FusePass("fuse",
              "group pointwise chains, reductions and epilogues into kernels of the kinds the "
              "fuse rules name; after rewriting, so it sees the simplified graph"),
-    TargetPass("variants", lambda ctx: ctx.variants,
+    TargetPass("variants", lambda ctx: _with_context(ctx.variants, ctx),
                "let each kernel's kind pick its variant for the target (a row too wide for "
-               "registers read in chunks, a layout change in 2-d tiles); after fusion, "
-               "since it needs the whole group, and before the graph is lowered"),
+               "registers read in chunks, a layout change in 2-d tiles) and apply the "
+               "variant's named kernel rewrites (Welford's variance in a looped row); after "
+               "fusion, since it needs the whole group, and before the graph is lowered"),
 )
 
 
@@ -192,7 +214,8 @@ def run_pipeline(graph: Graph, store: TermStore, rules: list[Rule], *,
                  can_compile: Callable[[Term], bool] | None = None,
                  spaces: Mapping[str, Callable[[Term], Space]] | None = None,
                  relayout: Callable[[Graph], tuple[Graph, str]] | None = None,
-                 variants: Callable[[Graph], tuple[Graph, str]] | None = None, debug: int = 0,
+                 variants: Callable[[Graph, Context], tuple[Graph, str]] | None = None,
+                 debug: int = 0,
                  log: Callable[[str], None] | None = None,
                  explain: Explanation | None = None,
                  passes: tuple[Pass, ...] = PASSES,

@@ -236,10 +236,12 @@ class Graph:
 
 
 def rebuild(graph: Graph, store: TermStore,
-            replace: Callable[[Term, dict[Term, Term]], Term | None]) -> Graph:
+            replace: Callable[[Term, dict[Term, Term]], Term | None],
+            moved: dict[Term, Term] | None = None) -> Graph:
     """Rebuild `graph` bottom-up. `replace(t, new)` gives t's replacement (with
     `new` mapping the terms already visited), or None to keep t, re-made over
-    its replaced arguments. Metadata carries over: replacements keep it."""
+    its replaced arguments. Metadata carries over: replacements keep it. `moved`,
+    if given, receives each term -> the term it became (for a trace)."""
     new: dict[Term, Term] = {}
     for t in graph.terms():
         out = replace(t, new)
@@ -249,6 +251,8 @@ def rebuild(graph: Graph, store: TermStore,
             else:
                 out = t
         new[t] = out
+    if moved is not None:
+        moved.update(new)
     return Graph(tuple(new.get(t, t) for t in graph.inputs),
                  tuple(None if o is None else new[o] for o in graph.outputs))
 

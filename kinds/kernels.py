@@ -100,7 +100,9 @@ def spec_of(term: Term, index: int, kind: Literal["pointwise", "row"]) -> Kernel
                       template_dir=term.attr("template_dir"),
                       inputs=inputs, body=body, root=root, outputs=outputs, written=written,
                       rank=rank, replaced_ops=len(ops),
-                      meta={"dim": dim, "shape": shape, "order": order, "tile": tile})
+                      meta={"dim": dim, "shape": shape, "order": order, "tile": tile,
+                            # the named rewrites the variants pass applied (kinds/kind.py)
+                            "rewrites": term.attr("rewrites", ())})
 
 
 def _tile_dim(term: Term, order: tuple[int, ...] | None, rank: int) -> int | None:

@@ -14,6 +14,8 @@ that needed it:
 - `launchers`: per target it renders for, the runtime/launch.py launcher class;
 - `tuning`: what autotuning may vary in its Triton launch (kinds/tuning.py), or
   None (not tuned);
+- `rewrites`: named rewrites of its kernels that the variants pass applies
+  (`KernelRewrite`: Welford's variance in a looped row);
 - `matrix_products`: whether its kernels compute matrix products, which keep a GPU
   as busy as a library call (runtime/cudagraphs.py counts them so under `auto`).
 
@@ -43,6 +45,20 @@ def _same(spec: KernelSpec, target: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class KernelRewrite:
+    """A named rewrite of a kernel of one kind, which the variants pass
+    (kinds/variants.py) applies where `applies(kernel)`: it adds its name to the
+    kernel term's `rewrites` attribute, which the spec's meta carries to the kind's
+    render, and records a firing that the report counts and the trace shows as a
+    rule's. `rewritec rules list` names it among the built-in steps."""
+
+    name: str  # kebab-case, as a rule's
+    doc: str  # one line with the math
+    location: str  # the module that implements it
+    applies: Callable[[Term], bool]
+
+
+@dataclass(frozen=True)
 class Kind:
     name: str  # what a fuse rule's `kernel:` names; its templates are <target>/<name>.*.j2
     doc: str
@@ -57,6 +73,7 @@ class Kind:
     variant: Callable[[KernelSpec, str], str | None] = field(default=_same)
     base: str | None = None  # a variant: the kind whose spec it renders
     tuning: TuneSpace | None = None
+    rewrites: tuple[KernelRewrite, ...] = ()
     matrix_products: bool = False
 
     @property

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine.term import Term
 from . import attention, matmul, pointwise, pointwise_tiled, reduction, row, row_looped
-from .kind import Kind
+from .kind import KernelRewrite, Kind
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     pointwise.KIND, pointwise_tiled.KIND, row.KIND, row_looped.KIND, reduction.KIND,
@@ -27,6 +27,12 @@ RULE_KINDS: frozenset[str] = frozenset(n for n, k in KINDS.items() if k.space is
 
 SPACES: dict[str, Callable[[Term], Any]] = {
     n: k.space for n, k in KINDS.items() if k.space is not None}
+
+
+# Named rewrites of kernels (kinds/kind.py: KernelRewrite), which "rules fired" counts
+# as it counts rules: name -> the rewrite.
+KERNEL_REWRITES: dict[str, KernelRewrite] = {
+    rw.name: rw for k in KINDS.values() for rw in k.rewrites}
 
 
 class UnknownKind(KeyError):

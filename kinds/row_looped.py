@@ -6,15 +6,19 @@ that spills: on an H200 a 32K-wide f32 layer_norm ran at 40% of copy
 bandwidth. This variant keeps one program per row but reads the row in chunks
 of BLOCK_C: one loop per reduction, recomputing only the element values that
 reduction needs, then a last loop computing and storing the outputs. It is
-the structure of the OpenMP row kernel (kinds/kernels.py: _render_cpp); the
-extra passes re-read the row, mostly from L2.
+the structure of the OpenMP row kernel (kinds/row.py); the extra passes re-read
+the row, mostly from L2.
+
+Its named rewrite `welford-variance` (WELFORD), which the variants pass applies and
+records: a variance of a mean, mean((e - m) * (e - m)) with m = mean(e), is computed
+in m's pass with Welford's updates, one read of the row fewer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..engine.fuse import ROW_REDUCTIONS
+from ..engine.fuse import ROW_REDUCTIONS, body_terms
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .kernels import (
@@ -28,7 +32,7 @@ from .kernels import (
     value_expr,
 )
 from .reduction import triton_accumulate, triton_finish, triton_init
-from .kind import Kind
+from .kind import Kind, KernelRewrite
 from .spec import KernelSpec, KInput, size_params, static_width
 from .templates import render_template
 from .tuning import LoopedRowTuning
@@ -74,6 +78,29 @@ def _variance_of(t: Term) -> Term | None:
     return m
 
 
+def welford_terms(body: list[Term]) -> dict[Term, Term]:
+    """Each variance the welford-variance rewrite computes in its mean's pass -> that
+    mean: mean((e - m) * (e - m)) (or the sum) where m = mean(e) is a pass of its own
+    (not itself such a variance), in body order as render_row_looped plans passes."""
+    means: set[Term] = set()
+    found: dict[Term, Term] = {}
+    for t in body:
+        m = _variance_of(t)
+        if m is not None and m in means:
+            found[t] = m
+        elif t.op == "mean":
+            means.add(t)
+    return found
+
+
+WELFORD = KernelRewrite(
+    name="welford-variance",
+    doc="mean((e - m) * (e - m)) with m = mean(e) along a looped row -> computed in m's "
+        "pass with Welford's updates (one read of the row fewer; exact 0 for equal values)",
+    location="kinds/row_looped.py",
+    applies=lambda kernel: bool(welford_terms(body_terms(kernel))))
+
+
 def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     table = table or default_op_table()
     names = term_names(spec)
@@ -114,15 +141,16 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                 else stmt(t) for t in elem_terms(targets)]
 
     row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
+    welford = welford_terms(spec.body) if WELFORD.name in spec.meta.get("rewrites", ()) \
+        else {}
     passes: list[dict[str, Any]] = []
     pass_of: dict[Term, dict[str, Any]] = {}  # a mean -> the pass that computes it
     for t in spec.body:
         if t.op in ("arg", "const") or t in done:
             continue
-        mean = _variance_of(t)
-        if mean is not None and mean in pass_of:
-            # mean((e - m)^2) with m = mean(e): the pass computing m computes both, with
-            # Welford's updates (one read of the row fewer; exact 0 for equal values)
+        mean = welford.get(t)
+        if mean is not None:
+            # the welford-variance rewrite (WELFORD): the pass computing m computes both
             p = pass_of[mean]
             m, acc = names[mean], f"{names[mean]}_acc"
             e = names[mean.args[0]]
@@ -192,4 +220,4 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 KIND = Kind(name="row_looped", doc="a row kernel reading a row too wide for registers in chunks",
             base="row", render=_render, launchers={"triton": "LoopedRowTritonLauncher"},
-            tuning=LoopedRowTuning())
+            tuning=LoopedRowTuning(), rewrites=(WELFORD,))

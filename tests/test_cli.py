@@ -271,9 +271,12 @@ def test_rules_list_counts_what_check_counts(capsys: pytest.CaptureFixture[str])
     for line in out.splitlines():
         if any(f" {name} " in line for name in fast):
             assert line.endswith("(fast-math)"), line
-    assert "built-in steps (not rules): fold-constants" in out
+    assert "built-in steps (not rules): fold-constants, welford-variance" in out
     with pytest.raises(RuleError, match="fold-constants is a built-in step"):
         find_rule("fold-constants", opts)
+    with pytest.raises(RuleError, match="welford-variance is a built-in kernel rewrite.*"
+                                        r"kinds/row_looped\.py"):
+        find_rule("welford-variance", opts)
 
 
 def test_rules_list_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:

@@ -344,6 +344,43 @@ def test_looped_layer_norm_variance_in_one_pass(narrow_rows_loop) -> None:
     assert "triton/row_looped" in _templates()
     paths = [Path(k["source"]) for r in report.RECORDS for k in r.kernels]
     assert any("_welford_combine" in p.read_text() for p in paths)
+    # a named rewrite of the variants pass, counted as a rule's firing
+    assert sum(r.rules_fired.get("welford-variance", 0) for r in report.RECORDS) == 1
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+def test_welford_variance_is_a_traced_step_of_the_variants_pass(narrow_rows_loop) -> None:
+    """kinds/row_looped.py: WELFORD. The variants pass marks the kernel, the trace
+    shows the firing in phase `variants`, and only a marked kernel's render merges the
+    variance into the mean's pass: unmarked, the same kernel reads the row once more."""
+    from rewritec.engine.pipeline import run_pipeline
+    from rewritec.engine.trace import Trace
+    from rewritec.kinds import registry
+    from rewritec.kinds.kernels import compilable
+    from rewritec.kinds.variants import variants_for
+    from rewritec.rulecheck import build_example
+    from rewritec.rulesets import builtin_rules
+
+    rule = next(r for r in builtin_rules() if r.name == "fuse-row")
+    m = "mean(x, dim=[-1], keepdim=True)"
+    var = f"mean((x - {m}) * (x - {m}), dim=[-1], keepdim=True)"
+    example = {"expr": f"(x - {m}) * rsqrt({var} + 0.00001)", "x": "4x201xf32"}
+    graph, store, _, _ = build_example(rule, example)
+    trace = Trace()
+    result = run_pipeline(graph, store, [rule], can_compile=compilable("triton"),
+                          spaces=registry.SPACES, variants=variants_for("triton", store),
+                          trace=trace)
+    assert result.fired["welford-variance"] == 1
+    (firing,) = [f for f in trace.firings if f.rule == "welford-variance"]
+    assert firing.phase == "variants" and firing.location == "kinds/row_looped.py"
+    (kernel,) = [t for t in result.graph.terms() if t.op == "kernel"]
+    assert kernel is firing.after and kernel.attr("rewrites") == ("welford-variance",)
+    spec = registry.kind("row").spec(kernel, 0)
+    marked = row_looped.render_row_looped(spec)
+    spec.meta["rewrites"] = ()
+    plain = row_looped.render_row_looped(spec)
+    assert "_welford_combine" in marked and "_welford_combine" not in plain
+    assert plain.count("for c0 in") == marked.count("for c0 in") + 1
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
