@@ -19,7 +19,7 @@ from .engine.ops import RULES_DIR, OpInfo, OpTable, default_op_table, use_defaul
 from .engine.rewrite import BUILTIN_STEPS
 from .kinds.templates import check_user_templates
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
-from .kinds.registry import KERNEL_REWRITES, RULE_KINDS
+from .kinds.registry import KERNEL_REWRITES, KINDS, RULE_KINDS
 from .options import Options, closest
 
 
@@ -42,7 +42,7 @@ def load_rule_files(paths: list[Path], builtin: bool = False) -> tuple[list[Rule
             try:
                 loaded = loader.load_file(f, builtin=builtin)
                 if not builtin:
-                    check_user_templates(loaded)
+                    check_user_templates(loaded, KINDS)
                 rules.extend(loaded)
             except RuleErrors as e:
                 errors.extend(e.errors)

@@ -19,7 +19,7 @@ YAML with the safe loader and parses expressions with the lark grammar.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,7 +150,8 @@ def _pattern_vars(p: Pattern) -> set[str]:
 
 
 class RuleLoader:
-    """Loads rule files in order. `kernels` are the kernel kinds a fuse rule may name
+    """Loads rule files in order. `kernels` maps the kernel kinds a fuse rule may name
+    to the kinds its kernels may run as, whose templates a user's folder may give
     (kinds/registry.py: RULE_KINDS, which rulesets.py passes): the engine knows no
     kind itself, and a fuse rule naming one not given is an error. A user's file may
     declare ops (`ops:`, the schema of rules/ops.yaml); they join `self.table`, which
@@ -158,9 +159,9 @@ class RuleLoader:
     with them (rulesets.py)."""
 
     def __init__(self, table: OpTable | None = None,
-                 kernels: Collection[str] = ()) -> None:
+                 kernels: Mapping[str, Collection[str]] | None = None) -> None:
         self.table = table or default_op_table()
-        self.kernels = frozenset(kernels)
+        self.kernels: Mapping[str, Collection[str]] = kernels or {}
 
     def load_file(self, path: Path | str, *, builtin: bool = False,
                   text: str | None = None) -> list[Rule]:
@@ -289,7 +290,8 @@ class RuleLoader:
         kernel = entry.get("kernel")
         if kind == "fuse" or kernel is not None:
             self._check_kernel(kind, kernel, at("kernel") if "kernel" in entry else where)
-        template_dir = _user_templates(kernel, template_dir)
+        template_dir = _user_templates(self.kernels.get(kernel, ()) if isinstance(kernel, str)
+                                       else (), template_dir)
         grow = entry.get("grow", [])
         if not isinstance(grow, list) or any(g not in CATEGORIES for g in grow):
             raise RuleError(f"`grow:` lists op categories ({', '.join(CATEGORIES)})",
@@ -403,13 +405,13 @@ def _literal(node: S.Node, compiler: Compiler) -> Any:
 TEMPLATE_FILES = ("triton/{}.py.j2", "openmp/{}.cpp.j2")
 
 
-def _user_templates(kernel: Any, user_dir: Path | None) -> Path | None:
+def _user_templates(kinds: Collection[str], user_dir: Path | None) -> Path | None:
     """The `templates/` folder beside a user's rule file when it holds a template of
-    the rule's kernel kind (`templates/openmp/pointwise.cpp.j2`), searched before
-    the package's when the kernel renders; None otherwise."""
-    if not isinstance(kernel, str) or user_dir is None:
+    one of `kinds` (the rule's kind and its variants: `templates/openmp/pointwise.cpp.j2`),
+    searched before the package's when the kernel renders; None otherwise."""
+    if user_dir is None:
         return None
-    if any((user_dir / f.format(kernel)).is_file() for f in TEMPLATE_FILES):
+    if any((user_dir / f.format(k)).is_file() for f in TEMPLATE_FILES for k in kinds):
         return user_dir
     return None
 

@@ -52,6 +52,7 @@ def attention_spec(term: Term, index: int) -> KernelSpec:
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="attention", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
+                      template_dir=term.attr("template_dir"),
                       inputs=inputs, body=[t for t in root.walk()], root=root, written=[root],
                       outputs=[KOutput("out", dtype, False, tuple(root.meta.shape))],
                       rank=4, replaced_ops=_replaced_ops(has_mask),
@@ -94,7 +95,8 @@ def render_attention(spec: KernelSpec) -> str:
         # gets bf16 tl.dot wrong (kinds/matmul.py), so interpreted kernels widen first
         operand_cast = ".to(tl.float32)" if dtype != "f32" else ""
         dot_args, p_dtype = ', input_precision="ieee"', "tl.float32"
-    return render_template("triton/attention.py.j2", header=kernel_header(spec, "triton", "#"),
+    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
+                           header=kernel_header(spec, "triton", "#"),
                            name=spec.name, dtype=TRITON_DTYPES[dtype], p_dtype=p_dtype,
                            operand_cast=operand_cast, dot_args=dot_args)
 
@@ -117,7 +119,15 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
     return render_attention(spec)
 
 
-KIND = Kind(name="attention",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"dot_args", "dtype", "header", "name", "operand_cast",
+                         "p_dtype"}),
+}
+
+
+KIND = Kind(name="attention", template_variables=TEMPLATE_VARIABLES,
             doc="softmax(q @ kT * scale, masked) @ v as one flash-attention kernel",
             space=AttentionSpace, spec=attention_spec, render=_render,
             launchers={"triton": "AttentionLauncher"},

@@ -10,7 +10,9 @@ that needed it:
 - `spec`: a `kernel` term -> its `KernelSpec` (kinds/spec.py);
 - `variant`: the kind that renders this spec on a target instead (a row too wide
   for registers loops over chunks, a layout change runs in 2-d tiles);
-- `render`: the spec -> source for a target, through templates/<target>/<name>.*.j2;
+- `render`: the spec -> source for a target, through templates/<target>/<name>.*.j2
+  (a user's folder may hold its own; `template_variables` are what the render gives
+  each target's template, which a user's is checked against when it loads);
 - `launchers`: per target it renders for, the runtime/launch.py launcher class;
 - `tuning`: what autotuning may vary in its Triton launch (kinds/tuning.py), or
   None (not tuned);
@@ -66,6 +68,8 @@ class Kind:
     # target -> the name of its launcher class (runtime/launch.py: LAUNCHERS); a target
     # missing here leaves the kind's groups on ATen there
     launchers: Mapping[str, str]
+    # target -> the variables its render gives templates/<target>/<name>.*.j2
+    template_variables: Mapping[str, frozenset[str]] = field(default_factory=dict)
     space: Callable[[Term], Any] | None = None  # None: a variant only
     spec: Callable[[Term, int], KernelSpec] | None = None
     # the name of the kind that runs `spec` on `target` instead, or None (the

@@ -62,6 +62,7 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
     ops = [t for t in body if t.op not in ("arg", "const")]
     return KernelSpec(name=name, kind="matmul", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
+                      template_dir=term.attr("template_dir"),
                       inputs=inputs, body=body, root=root, written=[root],
                       outputs=[KOutput("out", root.meta.dtype, False, shape)], rank=rank,
                       replaced_ops=len([t for t in ops if t.op not in RESHAPES]),
@@ -116,7 +117,8 @@ def render_matmul(spec: KernelSpec, table: OpTable) -> str:
         # Triton's interpreter gets bf16 tl.dot wrong (checked with triton 3.x: errors
         # of 1e10 on a 16x16 product), so interpreted kernels widen the operands first.
         operand_cast, dot_args = ".to(tl.float32)", ', input_precision="ieee"'
-    return render_template("triton/matmul.py.j2", header=kernel_header(spec, "triton", "#"),
+    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
+                           header=kernel_header(spec, "triton", "#"),
                            name=spec.name, params=params, loads=loads, stmts=stmts,
                            result=names[spec.root], out_dtype=TRITON_DTYPES[spec.out_dtype],
                            a_ptr=f"{spec.inputs[meta['a']].name}_ptr",
@@ -168,7 +170,16 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
     return render_matmul(spec, table)
 
 
-KIND = Kind(name="matmul", doc="a half-precision matrix product and its pointwise epilogue",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"a_ptr", "b_ptr", "dot_args", "header", "loads", "name",
+                         "operand_cast", "out_dtype", "params", "result", "stmts"}),
+}
+
+
+KIND = Kind(name="matmul", template_variables=TEMPLATE_VARIABLES,
+            doc="a half-precision matrix product and its pointwise epilogue",
             space=MatmulSpace, spec=matmul_spec, render=_render,
             launchers={"triton": "MatmulLauncher"},
             tuning=MatmulTuning(),

@@ -134,7 +134,17 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                            simd_decls=simd_decls)
 
 
-KIND = Kind(name="pointwise", doc="one loop over the output's elements",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"header", "loads", "name", "params", "stmts", "stores"}),
+    "openmp": frozenset({"body", "header", "name", "params", "row_body", "rows",
+                         "simd_decls", "stores", "unit_body", "unit_stride"}),
+}
+
+
+KIND = Kind(name="pointwise", template_variables=TEMPLATE_VARIABLES,
+            doc="one loop over the output's elements",
             space=PointwiseSpace, spec=_spec, variant=_variant, render=render,
             launchers={"triton": "TritonLauncher", "openmp": "CppLauncher"},
             tuning=PointwiseTuning())

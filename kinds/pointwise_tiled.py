@@ -69,6 +69,15 @@ def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
                            tile_y=spec.meta["tile"], tile_x=spec.rank - 1)
 
 
-KIND = Kind(name="pointwise_tiled", doc="a pointwise kernel in 2-d tiles (a layout change)",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"header", "loads", "name", "out_offset", "params", "stmts",
+                         "stores", "tile_x", "tile_y"}),
+}
+
+
+KIND = Kind(name="pointwise_tiled", template_variables=TEMPLATE_VARIABLES,
+            doc="a pointwise kernel in 2-d tiles (a layout change)",
             base="pointwise", render=render, launchers={"triton": "TiledTritonLauncher"},
             tuning=TiledTuning())

@@ -88,6 +88,7 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="reduction", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
+                      template_dir=term.attr("template_dir"),
                       inputs=inputs, body=body, root=root, written=[root],
                       outputs=[KOutput("out", root.meta.dtype, False, out_shape)],
                       rank=rank, replaced_ops=len(ops),
@@ -234,7 +235,8 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
     params += [f"size{k}" for k in range(spec.rank)] + stride_params(spec)
     params += ["n_out", "n_red"]
-    return render_template("triton/reduction.py.j2", header=kernel_header(spec, "triton", "#"),
+    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
+                           header=kernel_header(spec, "triton", "#"),
                            name=spec.name, params=params, init=init, loads=loads, stmts=stmts,
                            update=update, finish=finish, partial=partial, means=means,
                            combine_init=combine, combine_loads=combine_loads,
@@ -279,7 +281,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     def each(phase: str) -> list[str]:
         return [line for a in accs for line in getattr(a, phase)()]
 
-    return render_template("openmp/reduction.cpp.j2", header=kernel_header(spec, "openmp", "//"),
+    return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
+                           header=kernel_header(spec, "openmp", "//"),
                            name=spec.name, params=params, body=body + update,
                            declare=each("declare"), thread_init=each("thread_init"),
                            chunk_init=each("chunk_init"), chunk_end=each("chunk_end"),
@@ -378,7 +381,22 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
     return render_reduction(spec, target, table, simd_decls=simd_decls)
 
 
-KIND = Kind(name="reduction", doc="sum/mean/amax/amin over any dims, with prologue and epilogue",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"combine_finish", "combine_init", "combine_loads", "epilogue",
+                         "finish", "header", "init", "loads", "means", "name",
+                         "out_dtype", "params", "partial", "result", "stmts", "update"}),
+    "openmp": frozenset({"body", "chunk", "chunk_end", "chunk_init", "col_block",
+                         "col_body", "col_chunk", "columns", "declare", "epilogue",
+                         "finish", "header", "name", "pairwise", "parallel", "params",
+                         "result", "simd", "simd_decls", "single_end", "thread_end",
+                         "thread_init"}),
+}
+
+
+KIND = Kind(name="reduction", template_variables=TEMPLATE_VARIABLES,
+            doc="sum/mean/amax/amin over any dims, with prologue and epilogue",
             space=ReductionSpace, spec=reduction_spec, render=_render,
             launchers={"triton": "ReductionTritonLauncher", "openmp": "ReductionCppLauncher"},
             tuning=ReductionTuning())

@@ -1,7 +1,7 @@
 """Every kernel kind, by the name a fuse rule's `kernel:` gives it.
 
-The rule loader checks each fuse rule's kind against `KINDS` (rulesets.py passes
-the names), fusion grows groups in each kind's `SPACES` entry (engine/fuse.py), and
+The rule loader checks each fuse rule's kind against `RULE_KINDS` (rulesets.py
+passes it), fusion grows groups in each kind's `SPACES` entry (engine/fuse.py), and
 runtime/prepare.py renders and launches a kernel term through its kind. Adding a
 kind is one module here, its templates and a rule (docs/fusion.md).
 
@@ -22,8 +22,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     pointwise.KIND, pointwise_tiled.KIND, row.KIND, row_looped.KIND, reduction.KIND,
     matmul.KIND, attention.KIND)}
 
-# The kinds a rule may name (variants are chosen by their kind, never named).
-RULE_KINDS: frozenset[str] = frozenset(n for n, k in KINDS.items() if k.space is not None)
+# The kinds a rule may name (variants are chosen by their kind, never named) -> the
+# kinds its kernels may run as, itself and its variants: the templates a user's
+# folder may give for a rule of that kind (engine/rules.py, kinds/templates.py).
+RULE_KINDS: dict[str, tuple[str, ...]] = {
+    n: (n, *(v for v, kv in KINDS.items() if kv.base == n))
+    for n, k in KINDS.items() if k.space is not None}
 
 SPACES: dict[str, Callable[[Term], Any]] = {
     n: k.space for n, k in KINDS.items() if k.space is not None}

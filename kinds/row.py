@@ -298,7 +298,17 @@ class _CppRow:
                                simd_decls=simd_decls)
 
 
-KIND = Kind(name="row", doc="pointwise work around reductions along one dim, a row per program",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"header", "loads", "name", "params", "stmts", "stores"}),
+    "openmp": frozenset({"chunk", "elem_body", "elem_stores", "header", "name", "params",
+                         "row_steps", "row_stores", "simd_decls"}),
+}
+
+
+KIND = Kind(name="row", template_variables=TEMPLATE_VARIABLES,
+            doc="pointwise work around reductions along one dim, a row per program",
             space=RowSpace, spec=_spec, variant=_variant, render=render,
             launchers={"triton": "RowTritonLauncher", "openmp": "CppLauncher"},
             tuning=RowTuning())

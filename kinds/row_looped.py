@@ -206,7 +206,8 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     params += [row_width_param(spec)]
     params += size_params(spec)
     params += [f"{i.name}_stride{k}" for i in spec.inputs if not i.flat for k in range(spec.rank)]
-    return render_template("triton/row_looped.py.j2", header=kernel_header(spec, "triton", "#"),
+    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
+                           header=kernel_header(spec, "triton", "#"),
                            welford=any(p.get("welford") for p in passes),
                            name=spec.name, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body,
@@ -218,6 +219,15 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
     return render_row_looped(spec, table)
 
 
-KIND = Kind(name="row_looped", doc="a row kernel reading a row too wide for registers in chunks",
+# What the render gives each target's template (a user's template may read these
+# and nothing else: kinds/templates.py, tests/test_user_folder.py)
+TEMPLATE_VARIABLES = {
+    "triton": frozenset({"elem_body", "elem_stores", "header", "name", "params",
+                         "passes", "row_lines", "row_stores", "welford"}),
+}
+
+
+KIND = Kind(name="row_looped", template_variables=TEMPLATE_VARIABLES,
+            doc="a row kernel reading a row too wide for registers in chunks",
             base="row", render=_render, launchers={"triton": "LoopedRowTritonLauncher"},
             tuning=LoopedRowTuning(), rewrites=(WELFORD,))

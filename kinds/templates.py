@@ -3,13 +3,16 @@
 A fuse rule from a user's folder renders with that folder's `templates/` searched
 first (engine/rules.py records it as the rule's `template_dir`), then the package's.
 Every template renders in Jinja's sandbox with StrictUndefined, and a user's are
-checked when their rule file loads (`check_user_templates`): the syntax, and every
-variable they read must be one the kernel's renderer gives (TEMPLATE_VARIABLES),
-each a `file:line` error.
+checked when their rule file loads (`check_user_templates`): the target, the
+syntax, and every variable they read must be one the kind's render gives
+(`Kind.template_variables`), each a `file:line` error. Every kind renders through
+templates, so a user's folder may replace any kind's (or a variant's, such as
+`row_looped` for a rule of kind `row`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,28 +23,10 @@ if TYPE_CHECKING:
     import jinja2
 
     from ..engine.rules import Rule
+    from .kind import Kind
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
-# What each renderer passes to a template of its kind (codegen/kernels.py); a user's
-# template may read these and nothing else. tests/test_user_folder.py holds this table
-# to what the renderers pass.
-_TRITON = frozenset({"header", "name", "params", "loads", "stmts", "stores", "out_offset",
-                     "tile_y", "tile_x"})
-TEMPLATE_VARIABLES: dict[tuple[str, str], frozenset[str]] = {
-    ("triton", "pointwise"): _TRITON,
-    ("triton", "row"): _TRITON,
-    ("openmp", "pointwise"): frozenset({"header", "name", "params", "body", "stores", "rows",
-                                        "row_body", "unit_stride", "unit_body",
-                                        "simd_decls"}),
-    ("openmp", "row"): frozenset({"header", "name", "params", "row_steps", "chunk",
-                                  "elem_body", "row_stores", "elem_stores", "simd_decls"}),
-}
-# Package templates whose renderers are not driven by the rule's template name: a
-# user's folder cannot replace them.
-# Kinds whose templates a user's folder cannot replace (their renderers are checked
-# against the package's templates only).
-FIXED_TEMPLATES = ("reduction", "attention", "matmul", "row_looped", "pointwise_tiled")
 EXTENSIONS = {"triton": "py", "openmp": "cpp"}
 
 
@@ -78,43 +63,43 @@ def render_template(template: str, dirs: tuple[str, ...] = (), /, **context: Any
     return environment(dirs).get_template(template).render(**context)
 
 
-def template_kind(name: str) -> str:
-    """The kernel kind a template renders: the one it is named after
-    (kinds/registry.py)."""
-    return name
-
-
-def check_user_templates(rules: list[Rule]) -> None:
-    """Check the user templates `rules` name, as they load: each parses, and reads only
-    the variables its renderer gives. Raises RuleErrors naming `template:line [rule]`."""
+def check_user_templates(rules: list[Rule], kinds: Mapping[str, Kind]) -> None:
+    """Check the user templates `rules` name, as they load: for a rule of kind K, the
+    templates of K and of its variants (those with base K) in the rule's folder. Each
+    must be for a target K renders (a kind without an OpenMP render never uses an
+    OpenMP template), parse, and read only the variables its render gives
+    (Kind.template_variables). Raises RuleErrors naming `template:line [rule]`."""
     errors: list[RuleError] = []
     for rule in rules:
         if rule.kernel is None or rule.template_dir is None:
             continue
-        for target, ext in EXTENSIONS.items():
-            path = Path(rule.template_dir) / target / f"{rule.kernel}.{ext}.j2"
-            if not path.is_file():
-                continue
-            try:
-                _check_one(path, target, rule, rule.kernel, rule.template_dir)
-            except RuleError as e:
-                errors.append(e)
+        for kind in (k for k in kinds.values() if rule.kernel in (k.name, k.base)):
+            for target, ext in EXTENSIONS.items():
+                path = Path(rule.template_dir) / target / f"{kind.name}.{ext}.j2"
+                if not path.is_file():
+                    continue
+                try:
+                    _check_one(path, target, rule, kind)
+                except RuleError as e:
+                    errors.append(e)
     if errors:
         raise RuleErrors(errors)
 
 
-def _check_one(path: Path, target: str, rule: Rule, template: str, folder: str) -> None:
+def _check_one(path: Path, target: str, rule: Rule, kind: Kind) -> None:
     import jinja2
     from jinja2 import meta, nodes
 
     from ..engine.rules import display_path
 
     shown = display_path(path)
-    if template in FIXED_TEMPLATES:
-        raise RuleError(f"the package's {template!r} template cannot be replaced from a "
-                        "user folder (its renderer is not the pointwise or row one); name "
-                        f"yours otherwise ({rule.location})", Where(shown, 1, rule=rule.name))
-    env = environment((str(Path(folder)),))
+    named = f" (the template of {rule.location})"
+    known = kind.template_variables.get(target)
+    if known is None:
+        raise RuleError(f"kind {kind.name!r} renders no {target} kernel (it renders for "
+                        f"{', '.join(kind.template_variables)}): this template would never "
+                        f"be used{named}", Where(shown, 1, rule=rule.name))
+    env = environment((str(path.parent.parent),))  # the folder the rule renders with
     try:
         text = path.read_text(encoding="utf-8")
         tree = env.parse(text, name=shown, filename=str(path))
@@ -123,19 +108,16 @@ def _check_one(path: Path, target: str, rule: Rule, template: str, folder: str) 
     except jinja2.TemplateSyntaxError as e:
         raise RuleError(f"template syntax error: {e.message} (the template of "
                         f"{rule.location})", Where(shown, e.lineno, rule=rule.name)) from None
-    named = f" (the template of {rule.location})"
     for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
         key = node.attr if isinstance(node, nodes.Getattr) else getattr(
             getattr(node, "arg", None), "value", "")
         if isinstance(key, str) and key.startswith("_"):
             raise RuleError(f"template reads {key!r}: names starting with '_' are not "
                             f"for templates{named}", Where(shown, node.lineno, rule=rule.name))
-    known = TEMPLATE_VARIABLES[(target, template_kind(template))]
     unknown = meta.find_undeclared_variables(tree) - known - set(env.globals)
     if unknown:
         first = min((n.lineno, n.name) for n in tree.find_all(nodes.Name)
                     if n.name in unknown)
-        raise RuleError(f"template reads {first[1]!r}, which the "
-                        f"{template_kind(template)} renderer does not give (it gives: "
-                        f"{', '.join(sorted(known))}){named}",
+        raise RuleError(f"template reads {first[1]!r}, which the {kind.name} renderer does "
+                        f"not give (it gives: {', '.join(sorted(known))}){named}",
                         Where(shown, first[0], rule=rule.name))

@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -213,44 +214,153 @@ def test_a_changed_user_template_changes_the_graph_cache_key(tmp_path: Path) -> 
     assert graph_cache._options_text(opts) != before
 
 
-class _Rendered(Exception):
-    pass
+# A user's row and reduction rules (the package's, renamed, ahead of them), for
+# templates of other kinds than pointwise: a variant's (row_looped) and a kind with
+# its own renderer (reduction)
+MY_KINDS_RULES = """\
+kind: fuse
+rules:
+  - name: fuse-my-row
+    doc: "pointwise(reduce_d(pointwise(x))) -> one row kernel (rows along dim d)"
+    pattern: "@pointwise"
+    grow: [pointwise, reduction]
+    kernel: row
+    priority: 5
+    where:
+      - reductions >= 1
+    examples:
+      - {expr: "x - amax(x, dim=[-1], keepdim=True)", x: 6x33xf32}
+  - name: fuse-my-reduction
+    doc: "pointwise(reduce_dims(pointwise(x))) -> one reduction kernel (any dims)"
+    pattern: "@pointwise"
+    grow: [pointwise, reduction]
+    kernel: reduction
+    priority: 5
+    where:
+      - reductions >= 1
+    examples:
+      - {expr: "sqrt(sum(x * x, dim=[0, 2], keepdim=False) + 1.0)", x: 3x7x5xf32}
+"""
 
 
-@pytest.mark.parametrize("target", ["openmp", "triton"])
-@pytest.mark.parametrize("rule_name", ["fuse-pointwise", "fuse-row"])
-def test_template_variables_are_what_the_renderers_give(
-        rule_name: str, target: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """kinds/templates.py: TEMPLATE_VARIABLES, which a user's template is checked
-    against, is what kinds/kernels.py passes to the template."""
-    import rewritec.kinds.kernels as kernels
-    from rewritec.kinds.templates import TEMPLATE_VARIABLES, template_kind
-    from rewritec.runtime.prepare import prepare_kernels
-    from rewritec.kinds.kernels import compilable
-    from rewritec.kinds.registry import SPACES
-    from rewritec.kinds.variants import variants_for
-    from rewritec.engine.pipeline import run_pipeline
-    from rewritec.rulecheck import build_example
-    from rewritec.rulesets import builtin_rules
+def _kinds_folder(root: Path, target: str, kind: str) -> Path:
+    """my_kinds/ with MY_KINDS_RULES and the package's template of `kind` for
+    `target` under a comment of the user's."""
+    rules = root / "my_kinds"
+    ext, comment = ("py", "#") if target == "triton" else ("cpp", "//")
+    (rules / "templates" / target).mkdir(parents=True)
+    (rules / "kinds.yaml").write_text(MY_KINDS_RULES)
+    body = (PACKAGE_TEMPLATES / target / f"{kind}.{ext}.j2").read_text()
+    (rules / "templates" / target / f"{kind}.{ext}.j2").write_text(
+        body.replace("{% endfor %}", f"{{% endfor %}}{comment} my own {kind} template\n", 1))
+    return rules
+
+
+@pytest.mark.parametrize("target, kind, rule", [
+    ("triton", "row_looped", "fuse-my-row"), ("openmp", "reduction", "fuse-my-reduction")])
+def test_a_user_template_of_another_kind_or_a_variant_renders(
+        target: str, kind: str, rule: str, tmp_path: Path) -> None:
+    """Every kind renders through its templates, so a user's folder replaces any:
+    here a looped row's (the variant a `kernel: row` rule's wide rows run as on
+    Triton) and a reduction's (OpenMP)."""
+    import rewritec
+    from rewritec import report
 
     if target == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("CPU tensors need TRITON_INTERPRET=1")
-    rule = next(r for r in builtin_rules() if r.name == rule_name)
+    rules = _kinds_folder(tmp_path, target, kind)
+    if kind == "row_looped":
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return x - x.amax(-1, keepdim=True)
+        x = torch.randn(4, 4096)
+    else:
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return torch.sqrt((x * x).sum((0, 2)) + 1.0)
+        x = torch.randn(3, 7, 5)
+    torch._dynamo.reset()
+    report.reset()
+    with torch.no_grad():
+        got = rewritec.compile(f, target=target, strict=True, rules=[str(rules)])(x)
+    torch.testing.assert_close(got, f(x))
+    ((graph_kernels),) = [r.kernels for r in report.RECORDS]
+    (kernel,) = graph_kernels
+    ext = "py" if target == "triton" else "cpp"
+    template = (rules / "templates" / target / f"{kind}.{ext}.j2").resolve()
+    assert (kernel["kind"], kernel["rules"], kernel["template"]) == (kind, [rule], str(template))
+    source = Path(kernel["source"]).read_text()
+    assert f"template: {template}" in source.splitlines()[2]
+    assert f"my own {kind} template" in source
+
+
+# (rule, what changes in its first example, target, the kind that renders): every kind
+# and variant of kinds/registry.py, for each target it renders
+RENDER_CASES = [
+    ("fuse-pointwise", None, "openmp", "pointwise"),
+    ("fuse-pointwise", None, "triton", "pointwise"),
+    ("fuse-copy", {"expr": "clone(permute(x, dims=[1, 0]), memory_format='contiguous_format')",
+                   "x": "16x32xf32"}, "triton", "pointwise_tiled"),
+    ("fuse-row", None, "openmp", "row"),
+    ("fuse-row", None, "triton", "row"),
+    ("fuse-row", {"x": "4x4096xf32"}, "triton", "row_looped"),
+    ("fuse-reduction", None, "openmp", "reduction"),
+    ("fuse-reduction", None, "triton", "reduction"),
+    ("fuse-matmul", None, "triton", "matmul"),
+    ("fuse-attention", None, "triton", "attention"),
+]
+
+
+def test_the_render_cases_cover_every_kind_and_target() -> None:
+    from rewritec.kinds.registry import KINDS
+
+    declared = {(t, k.name) for k in KINDS.values() for t in k.template_variables}
+    assert declared == {(target, kind) for _, _, target, kind in RENDER_CASES}
+    assert all(set(k.template_variables) == set(k.launchers) for k in KINDS.values())
+
+
+@pytest.mark.parametrize("rule_name, example, target, kind", RENDER_CASES,
+                         ids=[f"{c[3]}-{c[2]}" for c in RENDER_CASES])
+def test_template_variables_are_what_the_renderers_give(
+        rule_name: str, example: dict | None, target: str, kind: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kind.template_variables, which a user's template is checked against, is what
+    the kind's render passes to its template."""
+    from rewritec.engine.pipeline import run_pipeline
+    from rewritec.kinds import registry, templates
+    from rewritec.kinds.kernels import compilable
+    from rewritec.kinds.variants import variants_for
+    from rewritec.rulecheck import build_example
+    from rewritec.rulesets import builtin_rules
+    from rewritec.runtime.prepare import _render
+
+    if target == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors need TRITON_INTERPRET=1")
     given: dict[str, set[str]] = {}
+    real = templates.environment
 
-    def capture(template: str, dirs: tuple[str, ...] = (), /, **context: object) -> str:
-        given[template] = set(context)
-        raise _Rendered
+    class Spy:  # the environment, noting what each template is rendered with
+        def __init__(self, dirs: tuple[str, ...] = ()) -> None:
+            self.env = real(dirs)
 
-    monkeypatch.setattr(kernels, "render_template", capture)
-    graph, store, bridge, _ = build_example(rule, rule.examples[0])
-    result = run_pipeline(graph, store, [rule], can_compile=compilable(target), spaces=SPACES,
-                          variants=variants_for(target, store))
-    with pytest.raises(_Rendered):
-        prepare_kernels(result.graph, store, target, strict=True, out_dir=None, name="t",
-                        bridge=bridge)
+        def get_template(self, name: str) -> Any:
+            template = self.env.get_template(name)
+
+            class Rendering:
+                def render(self, **context: object) -> str:
+                    given[name] = set(context)
+                    return template.render(**context)
+            return Rendering()
+
+    monkeypatch.setattr(templates, "environment", Spy)
+    rule = next(r for r in builtin_rules() if r.name == rule_name)
+    graph, store, bridge, _ = build_example(rule, {**rule.examples[0], **(example or {})})
+    result = run_pipeline(graph, store, [rule], table=bridge.table,
+                          can_compile=compilable(target, bridge.table),
+                          spaces=registry.SPACES, variants=variants_for(target, store))
+    (kernel,) = [t for t in result.graph.terms() if t.op == "kernel"]
+    assert kernel.attr("kind") == kind
+    _render(kernel, 0, target, bridge.table)
     ((template, keys),) = given.items()
-    assert keys == TEMPLATE_VARIABLES[(target, template_kind(rule.kernel))], template
+    assert keys == registry.kind(kind).template_variables[target], template
 
 
 def test_a_user_op_s_overloads_are_not_decomposed(tmp_path: Path) -> None:
