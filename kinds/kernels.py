@@ -25,7 +25,7 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import sympy
 
@@ -36,7 +36,6 @@ from ..engine.fuse import (
     ROW_REDUCTIONS,
     body_terms,
     kernel_outputs,
-    reduced_dim,
 )
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
@@ -53,17 +52,14 @@ class RenderError(Exception):
     """The group cannot be rendered by this target; it falls back to ATen."""
 
 
-def spec_of(term: Term, index: int, kind: Literal["pointwise", "row"]) -> KernelSpec:
-    """The spec of a pointwise or row kernel term (kinds/pointwise.py, kinds/row.py)."""
+def spec_of(term: Term, index: int, kind: str,
+            rows: tuple[int, tuple[Any, ...]] | None = None) -> KernelSpec:
+    """The spec of a kernel term over its root's elements (kinds/pointwise.py), or,
+    given `rows` = (dim, shape), over the rows along `dim` of `shape` (kinds/row.py).
+    `kind` names the spec's kind."""
     body = body_terms(term)
     root = term.attr("body")
-    dim = None
-    if kind == "row":
-        dim = next(reduced_dim(t) for t in body if t.op in ROW_REDUCTIONS)
-        src = next(t for t in body if t.op in ROW_REDUCTIONS).args[0]
-        shape = tuple(src.meta.shape)
-    else:
-        shape = tuple(root.meta.shape)
+    dim, shape = rows if rows is not None else (None, tuple(root.meta.shape))
     rank = len(shape)
     # Row kernels run along `dim` moved last (the launcher permutes sizes and
     # strides), so inputs are read flat only when `dim` already is last.
@@ -72,7 +68,7 @@ def spec_of(term: Term, index: int, kind: Literal["pointwise", "row"]) -> Kernel
     # Pointwise kernels run in the memory order of their output's layout (the
     # strides ATen gives the root, e.g. NHWC after a channels_last convolution):
     # the launcher allocates the output so and permutes sizes and strides to it.
-    order = None if kind == "row" else dense_order(root.meta.shape, root.meta.strides)
+    order = None if dim is not None else dense_order(root.meta.shape, root.meta.strides)
     inputs = []
     for i, a in enumerate(term.args):
         ashape = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
@@ -83,11 +79,11 @@ def spec_of(term: Term, index: int, kind: Literal["pointwise", "row"]) -> Kernel
             shape[k] != 1 for k in range(rank) if k != dim) and all(
             ashape[k] == 1 for k in range(rank) if k != dim)
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank, shared))
-    tile = _tile_dim(term, order, rank) if kind == "pointwise" else None
+    tile = _tile_dim(term, order, rank) if dim is None else None
     ops = [t for t in body if t.op not in ("arg", "const")]
     written = list(kernel_outputs(term))
     outputs = [KOutput("out" if k == 0 else f"out{k}", t.meta.dtype,
-                       kind == "row" and tuple(t.meta.shape) != shape, tuple(t.meta.shape))
+                       dim is not None and tuple(t.meta.shape) != shape, tuple(t.meta.shape))
                for k, t in enumerate(written)]
     key: tuple[Any, ...] = (term.attr("rule"), [_key(t) for t in body], rank, dim, tile,
                             [(x.dtype, x.flat, x.per_row) for x in inputs])

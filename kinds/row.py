@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.fuse import ROW_REDUCTIONS, FLOATS, kernel_value, reduced_dim
+from ..engine.fuse import ROW_REDUCTIONS, FLOATS, body_terms, kernel_value, reduced_dim
 from ..engine.ops import OpTable
 from ..engine.term import Term
 from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
@@ -86,7 +86,9 @@ class RowSpace:
 
 
 def _spec(term: Term, index: int) -> KernelSpec:
-    spec = spec_of(term, index, "row")
+    # rows along the dim of the group's first reduction, of its operand's shape
+    first = next(t for t in body_terms(term) if t.op in ROW_REDUCTIONS)
+    spec = spec_of(term, index, "row", rows=(reduced_dim(first), tuple(first.args[0].meta.shape)))
     spec.meta["cols"] = _static(spec)
     return spec
 
