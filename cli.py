@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .engine.errors import RewritecError
 from .htmlreport.page import ReportPageError, write_page
 
 
@@ -67,18 +68,16 @@ def _fail(msg: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .engine.errors import RewritecError
-
     try:
         if args.command == "compile":
             return cmd_compile(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "explain":
-            from .explain import cmd_explain
+            from .explain import cmd_explain  # each subcommand imports what it runs
 
             return cmd_explain(args)
-        from .rulesets import cmd_rules
+        from .rulesets import cmd_rules  # likewise: `rules list` imports no torch
 
         return cmd_rules(args)
     except RewritecError as e:
@@ -98,6 +97,7 @@ def _reader_left() -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    # this subcommand's imports, here: `rewritec rules list` loads no torch
     from . import report
     from .compiler import PROFILED
     from .frontend.script import compile_ahead_of_time, run_script
@@ -186,7 +186,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _no_device_for(options: dict[str, Any]) -> str | None:
     """Why the device or target asked for cannot run here, or None. Without this,
     every graph falls back and the run reports "compiled" with no kernels."""
-    import torch
+    import torch  # only `compile` asks: the CLI starts without torch
 
     if torch.cuda.is_available():
         return None

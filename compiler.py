@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx
@@ -47,13 +47,16 @@ from .kinds.registry import SPACES
 from .kinds.variants import variants_for
 from .options import Options
 from .rulesets import op_table_for, ruleset_for
+from .aten.fold import FrozenGuard, is_frozen, make_folder
+from .engine.ops import default_op_table
+from .engine.pipeline import run_pipeline
+from .passes.layout import relayout_for
+from .runtime.build import cxx
+from .runtime.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
+from .runtime.graph_cache import Artifact
+from .runtime.prepare import Prepared, prepare_kernels
 from .runtime.profile import GraphProfile, timer_for
 from .runtime.wrapper import callable_label, lower
-
-if TYPE_CHECKING:
-    from .runtime.graph_cache import Artifact
-    from .runtime.prepare import Prepared
-
 
 
 def _register_torch_log() -> None:
@@ -130,8 +133,6 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
     try:
         fn = _compile(gm, example_inputs, opts, name, rec, params, frozen, parts)
         if frozen:
-            from .aten.fold import FrozenGuard
-
             def unfrozen() -> Any:
                 sub = report.GraphRecord(name=f"{name}_unfrozen", kind=kind)
                 return _compile(gm, example_inputs, opts, sub.name, sub, params, None)
@@ -142,8 +143,6 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
                                region_calls(parts.get("regional")))
         # a compiled region lives in this process only: the graph cache cannot hold it
         if keep is not None and not parts["kernel_fallbacks"] and "regional" not in parts:
-            from .runtime.graph_cache import Artifact
-
             keep(Artifact(name=name, source=parts["lowered"].source,
                           globals=parts["lowered"].globals, frozen=frozen or {},
                           steps=parts["steps"], cudagraphs=fn is not guarded, record=rec))
@@ -233,8 +232,6 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     if rec.profile is not None:  # a replay would hide each launch from its timer
         rec.cudagraphs = "off: profile (each launch is timed)"
         return fn
-    from .runtime.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
-
     training = opts.cudagraphs == "on"
     why_not = eligible(gm, kind, aliased_outputs=False, training=training)
     for sub in region_bodies(gm):  # a replay runs the regions' kernels too
@@ -299,8 +296,6 @@ def _freezable(opts: Options, kind: str, params: list[bool] | None,
 
 def _is_view(t: Any) -> bool:
     """Does `t` return a view of its first operand (view, permute, slice, ...)?"""
-    from .engine.ops import default_op_table
-
     if t.op == "getitem":
         # an output of a multi-output op, such as split; a kernel's outputs (engine/
         # fuse.py: side outputs) are tensors of their own
@@ -362,8 +357,6 @@ def choose_target(opts: Options, graph: Graph) -> str:
         device = "cuda" if "cuda" in graph_devices(graph) else "cpu"
     if device == "cuda":
         return "triton"
-    from .runtime.build import cxx
-
     return "openmp" if cxx() else "aten"
 
 
@@ -405,9 +398,6 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
     # every firing in order, for the HTML report; only kept when it is written
     trace = Trace() if opts.out_dir else None
     if opts.rewrite:
-        from .aten.fold import is_frozen, make_folder
-        from .engine.pipeline import run_pipeline
-        from .passes.layout import relayout_for
 
         target = choose_target(opts, graph)
         explanation = None
@@ -460,8 +450,6 @@ def _prepare(graph: Graph, store: TermStore, opts: Options, name: str,
     or None for a graph without kernels."""
     if not any(t.op == "kernel" for t in graph.terms()):
         return None
-    from .runtime.prepare import prepare_kernels
-
     clock = time.perf_counter()
     prepared = prepare_kernels(graph, store, choose_target(opts, graph),
                                strict=opts.strict, out_dir=opts.out_dir, name=name,

@@ -13,6 +13,7 @@ on or off), REWRITEC_GRAPH_CACHE=0 (no graph cache), REWRITEC_COMPILE_BUDGET
 from __future__ import annotations
 
 import difflib
+import atexit
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -49,8 +50,6 @@ def _print_stats_at_exit() -> None:
 
 
 if os.environ.get("REWRITEC_STATS", "") not in ("", "0"):
-    import atexit
-
     atexit.register(_print_stats_at_exit)
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import __version__
 from .coverage import Coverage, measure, top_outside
 
 if TYPE_CHECKING:  # engine/rewrite.py loads the rule engine, which a graph-cache load skips
@@ -102,8 +103,6 @@ OUT_DIR_RECORDS: dict[str, list[GraphRecord]] = {}
 def report_data(records: list[GraphRecord], *, options: dict[str, Any],
                 script: str | None = None, ahead_of_time: Any = None) -> dict[str, Any]:
     """The contents of report.json; every key is described in docs/report.md."""
-    from . import __version__
-
     return {
         "rewritec": __version__,
         "script": script,

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import os
+import pickle
 import sys
 from functools import cache
 from pathlib import Path
 
+from . import __version__
 from .engine.errors import RewritecError, RuleError, RuleErrors
 from .engine.ops import RULES_DIR, OpInfo, OpTable, default_op_table, use_default_op_table
 from .engine.rewrite import BUILTIN_STEPS
@@ -21,6 +24,7 @@ from .kinds.templates import check_user_templates
 from .engine.rules import Rule, RuleLoader, check_unique, rule_files
 from .kinds.registry import KERNEL_REWRITES, KINDS, RULE_KINDS
 from .options import Options, closest
+from .runtime.disk_cache import cache_dir, folder_problem, read_verified, store
 
 
 def _load(paths: list[Path], builtin: bool) -> list[Rule]:
@@ -95,12 +99,6 @@ def builtin_op_table() -> OpTable:
 
 
 def _load_cached() -> tuple[tuple[Rule, ...], OpTable]:
-    import hashlib
-    import pickle
-
-    from . import __version__
-    from .runtime.disk_cache import cache_dir, folder_problem, read_verified, store
-
     engine = Path(__file__).resolve().parent / "engine"
     kinds = Path(__file__).resolve().parent / "kinds"  # the kernel kinds rules may name
     sources = sorted(RULES_DIR.rglob("*.yaml")) + sorted(engine.glob("*.py")) \
@@ -169,6 +167,7 @@ def _ruleset(user_paths: tuple[str, ...], disabled: tuple[str, ...],
         # Built-in rules and ops are checked by the test suite; a user's get the same
         # gate here, once per process, so an unsound rule or an op whose kernel
         # expression parts from ATen never reaches a compiled graph.
+        # here, as in cmd_rules: they import torch, which `rules list` needs not
         from .opcheck import verify_user_ops
         from .rulecheck import verify_user_rules
 
@@ -242,7 +241,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     if args.action == "list":
         return list_rules(opts)
 
-    import torch
+    import torch  # here: `rules list` runs without torch
 
     if not torch.cuda.is_available() and "triton" not in sys.modules:
         # Examples of Triton-only templates (the matmul) run through Triton's

@@ -30,7 +30,7 @@ from .acmatch import Flat, MatchBudget, assignments, flatten, is_ac
 from .arith import ARITH
 from .errors import RuleError, Where
 from .guards import DTYPE_NAMES
-from .ops import OpInfo, OpTable
+from .ops import CATEGORIES, OpInfo, OpTable
 from .term import Term, TermStore, freeze, lit_equal
 
 Env = dict[str, Any]
@@ -133,7 +133,6 @@ class Compiler:
                 raise self.error("`as _` binds nothing; drop it", node)
             return PBind(node.name, self.pattern(node.value), **pos)
         if isinstance(node, S.Category):
-            from .ops import CATEGORIES
 
             if node.name not in CATEGORIES:
                 raise self.error(f"unknown category @{node.name} (known: "

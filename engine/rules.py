@@ -35,7 +35,7 @@ from .ops import (
     parse_ops,
     with_user_ops,
 )
-from .pattern import Compiler, Pattern, PBind, PCat, POp
+from .pattern import Compiler, Pattern, PBind, PCat, POp, PVar, op_name
 from .yamlio import load_yaml
 
 KINDS = ("recognize", "decompose", "simplify", "fold", "fuse")
@@ -132,7 +132,6 @@ def _guard_names(pattern: Pattern, kind: str) -> dict[str, str]:
 
 
 def _pattern_vars(p: Pattern) -> set[str]:
-    from .pattern import PBind, PVar
 
     out: set[str] = set()
     stack = [p]
@@ -329,7 +328,6 @@ class RuleLoader:
     def _check_ops(self, node: S.Node, compiler: Compiler, replace: bool) -> None:
         """Every op a replacement builds must exist, with the right operands and
         attributes; attribute values may use the functions in ATTR_FUNCS."""
-        from .pattern import op_name
 
         if isinstance(node, S.Var | S.Lit):
             return

@@ -211,7 +211,7 @@ def _to_ast() -> Any:
 
 @cache
 def _parser() -> lark.Lark:
-    import lark
+    import lark  # on first use, as in _to_ast
 
     grammar = (Path(__file__).parent / "grammar.lark").read_text()
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
@@ -230,7 +230,7 @@ EXAMPLE_ERRORS: list[tuple[str, str]] = [
 
 
 def _hint(text: str, err: lark.exceptions.LarkError) -> str:
-    import lark
+    import lark  # on first use, as in _to_ast
 
     if isinstance(err, lark.exceptions.UnexpectedEOF) or (
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
@@ -265,7 +265,7 @@ def parse_expr(text: str, where: Where | None = None) -> Node:
     if len(text) > MAX_EXPR_CHARS:
         raise RuleError(f"expression too long ({len(text):,} characters; at most "
                         f"{MAX_EXPR_CHARS:,})", where)
-    import lark
+    import lark  # on first use, as in _to_ast
 
     try:
         tree = _parser().parse(text)
@@ -290,7 +290,7 @@ def parse_expr(text: str, where: Where | None = None) -> Node:
 def _check_depth(tree: lark.Tree, where: Where) -> None:
     """The parse tree nests at most MAX_EXPR_DEPTH deep (counted without
     recursion: `x + x + ... + x` nests as deep as it is long)."""
-    import lark
+    import lark  # on first use, as in _to_ast
 
     stack: list[tuple[Any, int]] = [(tree, 1)]
     while stack:

@@ -72,7 +72,7 @@ def _load(loader_class: Any, text: str, path: str) -> tuple[Any, Lines]:
 def _check_events(loader_class: Any, text: str, path: str) -> None:
     """Refuse anchors, aliases and deep nesting, reading the parser's events
     (a flat stream: nothing is expanded or recursed into)."""
-    import yaml
+    import yaml  # as in load_yaml
 
     loader = loader_class(text)
     depth = 0
@@ -102,7 +102,7 @@ _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in
 
 def _rule_name(node: yaml.MappingNode) -> str | None:
     """The `name:` of a rule mapping, read before building it, for error messages."""
-    import yaml
+    import yaml  # as in load_yaml
 
     for key_node, value_node in node.value:
         if isinstance(key_node, yaml.ScalarNode) and key_node.value == "name" \
@@ -117,7 +117,7 @@ def _where(file: str, node: yaml.Node, rule: str | None) -> Where:
 
 def _build(loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...], lines: Lines,
            file: str, rule: str | None = None) -> Any:
-    import yaml
+    import yaml  # as in load_yaml
 
     lines[path] = node.start_mark.line + 1
     if node.tag not in _PLAIN_TAGS:

@@ -20,6 +20,7 @@ from ..runtime import ahead, triton_startup
 from ..engine.errors import RewritecError
 from ..options import Options
 from ..runtime import graph_cache
+from ..runtime.cudagraphs import Pool
 
 
 # torch.compile looks the backend up (importing this module) before TorchDynamo
@@ -45,7 +46,7 @@ def check_options(opts: Options) -> None:
     are given. The rule library is imported only then, so that a graph-cache load
     imports no rule engine (tests/test_graph_cache.py)."""
     if opts.disable:
-        from ..rulesets import check_disabled
+        from ..rulesets import check_disabled  # see the docstring
 
         check_disabled(opts)
 
@@ -84,6 +85,7 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     """AOTAutograd traces `gm` to ATen (forward and backward, or inference) and
     compiler.compile_fx compiles each graph; an inference graph that AOTAutograd
     passes through unchanged is stored in the graph cache under `key`."""
+    # the compile side, here: a graph-cache hit (rewritec_backend) loads without it
     from ..compiler import compile_fx
     from .decompositions import decomposition_table, kept_whole
 
@@ -95,8 +97,6 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     # (runtime/cudagraphs.py: Pool)
     pool = None
     if opts.cudagraphs == "on" and torch.cuda.is_available():
-        from ..runtime.cudagraphs import Pool
-
         pool = Pool()
 
     def forward(fw_gm: torch.fx.GraphModule, fw_inputs: list[Any]) -> Any:

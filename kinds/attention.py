@@ -72,7 +72,7 @@ def _is_causal(mask: Term, tq: Any, tk: Any) -> bool:
     """Is `mask` a frozen constant that drops exactly the keys after each query?"""
     if mask.op != "tensor" or tq != tk:
         return False
-    import torch
+    import torch  # only here: the kinds load no torch (they work on terms)
 
     value = mask.attr("value")
     value = getattr(value, "value", value)

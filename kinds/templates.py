@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import RuleError, RuleErrors, Where
 
+from ..engine.rules import Rule, display_path
+
 if TYPE_CHECKING:
     import jinja2
 
-    from ..engine.rules import Rule
     from .kind import Kind
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -34,7 +35,9 @@ EXTENSIONS = {"triton": "py", "openmp": "cpp"}
 def environment(dirs: tuple[str, ...] = ()) -> jinja2.Environment:
     """The environment that finds templates in `dirs` (a user's folders), then the
     package's."""
-    import jinja2  # here, not above: a graph loaded from the graph cache renders nothing
+    # jinja2 here, not above: `rules list` and a compilation that renders no kernel
+    # (target aten) import this module and do not pay for it
+    import jinja2
     from jinja2.sandbox import SandboxedEnvironment
 
     return SandboxedEnvironment(
@@ -87,10 +90,8 @@ def check_user_templates(rules: list[Rule], kinds: Mapping[str, Kind]) -> None:
 
 
 def _check_one(path: Path, target: str, rule: Rule, kind: Kind) -> None:
-    import jinja2
+    import jinja2  # as in `environment`: only where a user's folder has templates
     from jinja2 import meta, nodes
-
-    from ..engine.rules import display_path
 
     shown = display_path(path)
     named = f" (the template of {rule.location})"

@@ -51,10 +51,16 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from importlib.metadata import PackageNotFoundError, version
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+from ..aten.dtypes import TORCH_DTYPES
+from . import static_launch
+from .triton_direct import DirectKernel, call_key, current_target
+from .triton_startup import COMPILER_MODULES, installed_fingerprint
 
 WORKER = Path(__file__).with_name("compile_worker.py")
 # Longest wait for the worker's binary at a launch; then the JIT compiles it.
@@ -104,8 +110,6 @@ class Worker:
             command or [sys.executable, "-u", str(WORKER)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
             env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
-        from .triton_startup import COMPILER_MODULES
-
         self._send({"triton_key": triton_key, "imports": list(COMPILER_MODULES),
                     "warm": list(warm) if warm else None})
         self.reader = threading.Thread(target=self._read, name="rewritec-compile-worker",
@@ -203,18 +207,10 @@ def pool_size() -> int:
 def enabled() -> bool:
     """Whether kernels are compiled in a worker: CUDA (not ROCm), torch's static
     launcher, Triton installed, its interpreter off, and not turned off."""
-    from . import static_launch
-
     return (os.environ.get("REWRITEC_COMPILE_WORKER", "1") != "0"
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
             and torch.version.hip is None and importlib.util.find_spec("triton") is not None
             and static_launch.available())
-
-
-def current_target(device: int | None = None) -> tuple[str, int, int]:
-    """Triton's target for the CUDA device (the current one by default)."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return ("cuda", major * 10 + minor, 32)
 
 
 @functools.cache
@@ -222,10 +218,6 @@ def triton_key() -> str | None:
     """A key for the workers' Triton cache, made as runtime/triton_startup.py makes
     this process's (a fingerprint of Triton's files) without importing Triton: Triton's
     own key hashes libtriton, up to a second a process."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .triton_startup import installed_fingerprint
-
     spec = importlib.util.find_spec("triton")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -340,7 +332,6 @@ class Recorder:
 
 
 def _meta_tensor(term: Any) -> Any:
-    from ..aten.dtypes import TORCH_DTYPES
 
     m = term.meta
     return torch.empty_strided(tuple(m.shape), tuple(m.strides), dtype=TORCH_DTYPES[m.dtype],
@@ -390,7 +381,6 @@ def _predict(graph: Any, launchers: dict[Any, Any], is_kernel: Callable[[Any], b
 def submit_graph(graph: Any, launchers: dict[Any, Any]) -> int:
     """Send the first launch of each Triton kernel of `graph` to the worker; the
     kernels' DirectKernels take the binaries at that launch. The count sent."""
-    from .triton_direct import DirectKernel, call_key
 
     if not running():
         return 0

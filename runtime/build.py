@@ -347,7 +347,7 @@ def _module_into(root: Path, key: str, source: str) -> Path:
 
 def load_triton(path: Path, symbol: str) -> Any:
     """The @triton.jit kernel `symbol` of the module file `triton_module` wrote."""
-    from .compile_worker import load_module
+    from .compile_worker import load_module  # imports Triton: only a Triton kernel's build
 
     triton_startup.wait()  # a start-up begun by the backend finishes first
     try:

@@ -36,6 +36,8 @@ import hashlib
 import importlib
 import importlib.util
 import io
+import math
+import operator
 import os
 import pickle
 import sys
@@ -48,7 +50,13 @@ from typing import Any
 import torch
 
 from .. import report
+from ..aten.bridge import Opaque, _fill
 from ..aten.fold import FrozenParams
+from ..engine.diag import log
+from .cudagraphs import CudaGraphRunner
+from .disk_cache import read_verified, store, subdir
+from .launch import Launcher
+from .namespace import namespace as wrapper_namespace
 
 FORMAT = 1  # bump when an entry's layout changes
 # The package folders whose bytes are part of every key.
@@ -251,16 +259,12 @@ def save(key: str, art: Artifact) -> None:
         entry = _entry(art)
         buf = io.BytesIO()
         _Pickler(buf).dump(entry)
-        from .disk_cache import store
-
         store(_dir() / f"{key}.pkl", buf.getvalue())
     except Exception as e:  # noqa: BLE001 - see the docstring
         _note(f"graph {art.name} not stored: {type(e).__name__}: {e}")
 
 
 def _entry(art: Artifact) -> dict[str, Any]:
-    from .launch import Launcher
-
     names: dict[str, Any] = {}
     for name, obj in art.globals.items():
         if name in ("torch", "aten"):
@@ -299,8 +303,6 @@ def _tensor_ref(t: torch.Tensor, art: Artifact) -> tuple[Any, ...]:
 
 def _plain(spec: Any) -> Any:
     """Call arguments with `Opaque` wrappers taken off (Slot markers stay)."""
-    from ..aten.bridge import Opaque
-
     if isinstance(spec, Opaque):
         return spec.value
     if isinstance(spec, list | tuple):
@@ -405,9 +407,6 @@ def allowed_fns() -> dict[tuple[str, str], Any]:
     """The functions an entry may name: pure arithmetic of `operator` and `math`
     (the targets a Dynamo graph calls besides ATen ops), never a door to code
     (eval, getattr, operator.call, torch.load)."""
-    import math
-    import operator
-
     pure_operator = ("abs add and_ concat contains eq floordiv ge getitem gt index inv "
                      "invert is_ is_not le lshift lt matmul mod mul ne neg not_ or_ pos pow "
                      "rshift sub truediv truth xor").split()
@@ -431,8 +430,6 @@ def load(key: str, inputs: list[Any], params: list[bool], opts: Any,
          recompile: Callable[[list[Any], bool], Any]) -> Any:
     """The stored graph under `key` as a Dynamo-callable, or None (not stored, or not
     loadable: the caller compiles, and the new entry replaces this one)."""
-    from .disk_cache import read_verified
-
     try:
         data = read_verified(_dir() / f"{key}.pkl")
         if data is None:  # not stored, damaged, or not written by this user
@@ -446,8 +443,6 @@ def load(key: str, inputs: list[Any], params: list[bool], opts: Any,
 
 def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts: Any,
              recompile: Callable[[list[Any], bool], Any]) -> Any:
-    from .namespace import namespace as wrapper_namespace
-
     namespace: dict[str, Any] = wrapper_namespace()
     kernels = []
     for name, (kind, *rest) in entry["names"].items():
@@ -471,8 +466,6 @@ def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts:
          namespace)
     fn = namespace["call"]
     if entry["cudagraphs"]:
-        from .cudagraphs import CudaGraphRunner
-
         def log(line: str) -> None:
             rec.cudagraphs = line
 
@@ -486,8 +479,6 @@ def _make_tensor(ref: tuple[Any, ...], inputs: list[Any]) -> torch.Tensor:
     if ref[0] == "param":
         return inputs[ref[1]]
     _, fn, args, kwargs, operands = ref
-    from ..aten.bridge import _fill
-
     values = [_make_tensor(v, inputs) if k == "ref" else v for k, v in operands]
     return fn(*_fill(args, values), **_fill(kwargs, values))
 
@@ -530,12 +521,8 @@ class CachedGraph:
 
 
 def _dir() -> Path:
-    from .disk_cache import subdir
-
     return subdir("graphs")
 
 
 def _note(line: str) -> None:
-    from ..engine.diag import log
-
     log.info(line)

@@ -25,6 +25,7 @@ Triton's JIT. Any failure to store or load only means the JIT launches.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .disk_cache import read_verified, store, subdir, verified
+from .triton_startup import installed_fingerprint
 
 # Triton's scalar types as torch's static launcher reads them (its own codes).
 ARG_CODES = {"i32": "i", "i64": "l", "u32": "I", "u64": "K", "fp32": "f", "f32": "f",
@@ -92,10 +96,6 @@ def describe(compiled: Any, n_args: int) -> tuple[dict[str, Any], bytes] | None:
 def _fingerprint() -> str:
     """Triton's installed files (paths, sizes, modification times) and TRITON_*
     settings, read without importing Triton."""
-    import importlib.util
-
-    from .triton_startup import installed_fingerprint
-
     spec = importlib.util.find_spec("triton")
     h = hashlib.sha256(torch.__version__.encode())
     if spec is not None and spec.submodule_search_locations:
@@ -108,7 +108,6 @@ def _fingerprint() -> str:
 
 
 def _root() -> Path:
-    from .disk_cache import subdir
 
     return subdir("binaries")
 
@@ -139,8 +138,6 @@ class Binaries:
             if described is None:
                 return None
             meta, cubin = described
-            from .disk_cache import store, verified
-
             root, key = _root(), self._key(call, device)
             if not verified(root / f"{key}.json"):
                 store(root / f"{key}.cubin", cubin)
@@ -160,8 +157,6 @@ class Binaries:
         if self.failed is not None:
             return None
         try:
-            from .disk_cache import read_verified
-
             root, key = _root(), self._key(call, device)
             path, cubin = root / f"{key}.json", root / f"{key}.cubin"
             described, binary = read_verified(path), read_verified(cubin)

@@ -33,7 +33,7 @@ def _jit_params(jit: Any) -> list[tuple[str, bool]] | None:
     """(name, is_constexpr) for each parameter, when `jit` is a compiled-mode
     JITFunction; None for the interpreter's kernels or an unknown Triton."""
     try:
-        from triton.runtime.jit import JITFunction
+        from triton.runtime.jit import JITFunction  # Triton on first use, as below
     except ImportError:  # pragma: no cover - Triton missing: no Triton kernels either
         return None
     if not isinstance(jit, JITFunction):
@@ -70,6 +70,12 @@ def _current_device() -> int:
 # (autotuning's timing launches every candidate): runtime/launch.py: Launcher._learn
 POISON: Any = object()
 
+
+
+def current_target(device: int | None = None) -> tuple[str, int, int]:
+    """Triton's target for the CUDA device (the current one by default)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return ("cuda", major * 10 + minor, 32)
 
 class DirectKernel:
     """Used like the JIT function it wraps: `kernel[grid](*args, **constexprs)`.
@@ -175,8 +181,6 @@ class DirectKernel:
         job = self.pending.pop(call, None)
         if job is None:
             return None
-        from .ahead import current_target
-
         compiled = job.wait()
         if compiled is None or job.target != current_target(device):
             return None
@@ -253,7 +257,7 @@ def _raw_launch(compiled: Any, grid: tuple[Any, ...], runner: Callable[..., Any]
     the stream and launch metadata each call (a few us). With a launch hook set
     (a profiler such as proton), the runner does it all."""
     try:
-        import triton
+        import triton  # optional, and seconds to import: on first use
         from triton import knobs
 
         version = tuple(int(p) for p in triton.__version__.split(".")[:2])

@@ -34,13 +34,15 @@ import importlib
 import threading
 from pathlib import Path
 
+import torch
+
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _deferred = False
 
 
 def _start_up() -> None:
-    import triton
+    import triton  # the point of this module: Triton imported off the main thread
     from triton.runtime import cache, driver
 
     if hasattr(cache, "triton_key"):  # where triton 3.x keeps it
@@ -83,8 +85,6 @@ def _deferred_cuda_driver() -> object | None:
     first use. None (the usual driver) for a Triton whose CUDA driver is not laid
     out as the ones read here (3.6 to 3.9: `CudaDriver.__init__` builds `utils`
     and sets `launcher_cls`, `GPUDriver.__init__` reads the rest from torch)."""
-    import torch
-
     if torch.version.hip is not None or not torch.cuda.is_available():
         return None
     try:
