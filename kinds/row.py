@@ -88,7 +88,9 @@ class RowSpace:
 def _spec(term: Term, index: int) -> KernelSpec:
     # rows along the dim of the group's first reduction, of its operand's shape
     first = next(t for t in body_terms(term) if t.op in ROW_REDUCTIONS)
-    spec = spec_of(term, index, "row", rows=(reduced_dim(first), tuple(first.args[0].meta.shape)))
+    dim = reduced_dim(first)
+    assert dim is not None, "RowSpace takes reductions along one dim only"
+    spec = spec_of(term, index, "row", rows=(dim, tuple(first.args[0].meta.shape)))
     spec.meta["cols"] = _static(spec)
     return spec
 
