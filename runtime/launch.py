@@ -315,7 +315,7 @@ class TiledTritonLauncher(TritonLauncher):
     def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
              ) -> None:
         space, tile = g.space, int(self.spec.meta["tile"])
-        # kinds/kernels.py: _tiled_offsets; tiles over space dims `tile` and the last
+        # kinds/pointwise_tiled.py: _tiled_offsets; tiles over space dims `tile` and the last
         tiles = triton_cdiv(space[tile], self.TILE_Y) * triton_cdiv(space[-1], self.TILE_X)
         grid = (g.numel // (space[tile] * space[-1]) * tiles,)
         self.kernel[grid](*tensors, *outs, g.numel, *space, *g.strides,
