@@ -4,8 +4,8 @@ The module, the two templates and the rule are the blocks printed in the doc. Th
 module is loaded as `rewritec.kinds.flat` from a temporary folder and entered in
 the registry (the doc's step 3, `KINDS`, with what kinds/registry.py derives from
 it); the templates and the rule go into a user's rule folder. A program compiled
-with that folder then runs one `flat` kernel, OpenMP on the CPU and Triton under
-TRITON_INTERPRET=1, equal to eager.
+with that folder then runs one `flat` kernel, OpenMP on the CPU and Triton on the
+GPU (under TRITON_INTERPRET=1 where there is none), equal to eager.
 """
 
 from __future__ import annotations
@@ -69,6 +69,17 @@ def flat_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+def _device(target: str) -> str:
+    """OpenMP on the CPU; Triton on the GPU, else its interpreter on the CPU."""
+    if target == "openmp":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors need TRITON_INTERPRET=1")
+    return "cpu"
+
+
 def test_the_rule_names_a_kind_the_registry_must_hold(tmp_path: Path) -> None:
     """Without step 3 the rule is a load error: the registry is what the loader asks."""
     (tmp_path / "flat.yaml").write_text(_rule_file())
@@ -78,13 +89,12 @@ def test_the_rule_names_a_kind_the_registry_must_hold(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("target", ["openmp", "triton"])
 def test_a_kind_added_as_the_doc_says_compiles_and_runs(target: str, flat_folder: Path) -> None:
-    if target == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("CPU tensors need TRITON_INTERPRET=1")
+    device = _device(target)
 
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.relu(x * 2.0 + y) - torch.sigmoid(y)
 
-    x, y = torch.randn(37, 5), torch.randn(37, 5)
+    x, y = torch.randn(37, 5, device=device), torch.randn(37, 5, device=device)
     torch._dynamo.reset()
     report.reset()
     with torch.no_grad():
