@@ -97,3 +97,27 @@ def test_engine_loads_no_torch() -> None:
 @pytest.mark.parametrize("unit", ["aten", "passes", "kinds", "runtime", "frontend"])
 def test_folder_is_a_package(unit: str) -> None:
     assert (ROOT / unit / "__init__.py").exists()
+
+
+def _kind_dispatches(path: Path, kinds: set[str]) -> list[str]:
+    """Comparisons of something named kind or template with a kernel kind's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        names = {c.value for s in sides for c in ast.walk(s)
+                 if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        other = " ".join(ast.unparse(s) for s in sides if not isinstance(s, ast.Constant))
+        if names & kinds and ("template" in other or "kind" in other):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_dispatch_on_a_kind_s_name_outside_kinds() -> None:
+    """Issue 23: every question about a kernel goes to its kind (kinds/kind.py), never
+    to a switch on its name: outside kinds/, nothing compares a kind or template name."""
+    from rewritec.kinds.registry import KINDS
+
+    outside = [p for p in _modules() if p.relative_to(ROOT).parts[0] != "kinds"]
+    assert [d for p in outside for d in _kind_dispatches(p, set(KINDS))] == []
