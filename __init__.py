@@ -44,7 +44,7 @@ def package(model: Any, example_inputs: Any, path: Any, *, weights: bool = True,
     """Export and compile `model` for `example_inputs` and write one file to `path`
     that `load_package` runs without compiling (frontend/package.py, runtime/package.py).
     `weights=False` leaves the weights out; `dynamic_shapes` is torch.export's."""
-    from .frontend.package import package as write_package
+    from .frontend.package import package as write_package  # as in compile
 
     return write_package(model, example_inputs, path, weights=weights,
                          dynamic_shapes=dynamic_shapes, options=options)

@@ -156,7 +156,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def _package(scope: dict[str, Any], script: str, path: str, options: dict[str, Any]
              ) -> Path | None:
     """SCRIPT's model written as a package (frontend/package.py), or None if it has none."""
-    import torch
+    import torch  # this subcommand's imports, as in cmd_compile
 
     from .frontend.package import package
 

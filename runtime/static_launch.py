@@ -175,8 +175,6 @@ class Binaries:
 def stored(key: str) -> tuple[dict[str, Any], bytes] | None:
     """What `Binaries.keep` stored under `key`: the launch's description and the
     binary, each checked (runtime/disk_cache.py); None if either is not there."""
-    from .disk_cache import read_verified
-
     root = _root()
     described, binary = read_verified(root / f"{key}.json"), read_verified(root / f"{key}.cubin")
     if described is None or binary is None:
