@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..engine.term import Term
-    from .tuning import TuneSpace
 
 
 # The key of `meta` under which launch.cached_geometry keeps a spec's launch
@@ -66,8 +65,9 @@ class KernelSpec:
     # Time launch configurations at each new call and keep the fastest (mode
     # max-autotune; runtime/autotune.py). Off: the launchers' heuristics alone.
     autotune: bool = False
-    # What autotuning may vary in the launch: the kind's (kinds/tuning.py), or None
-    tuning: TuneSpace | None = None
+    # The name of what autotuning may vary in the launch: the kind's space
+    # (kinds/tuning.py), or None
+    tuning: str | None = None
     # the `templates/` folder of the user's rule file, searched before the package's
     template_dir: str | None = None
 

@@ -2,15 +2,14 @@
 
 Under mode max-autotune runtime/autotune.py times a kernel's launch
 configurations and keeps the fastest; the configurations, and the grid each
-launches on, are the kernel's kind's (`Kind.tuning`, which runtime/prepare.py
-copies into the spec as `KernelSpec.tuning`). A kind without one (attention) is
-not tuned.
+launches on, are the kernel's kind's (`Kind.tuning`). A kind without one
+(attention) is not tuned.
 
-The spaces live here, apart from the kinds' modules, because a spec loaded from
-the graph cache carries its space: unpickling it imports this module, which must
-stay as light as kinds/spec.py (no sympy, no rule engine;
-tests/test_graph_cache.py). They are classes, not functions in a table: the
-graph cache stores instances of rewritec's classes, never references to functions.
+runtime/prepare.py writes the space's name into the spec (`KernelSpec.tuning`):
+specs are stored as plain data (the graph cache, packages), and a launcher built
+from a stored spec finds its space here by that name (`space`). The spaces live
+here, apart from the kinds' modules, so that such a launcher imports nothing
+heavier than kinds/spec.py does (no sympy, no rule engine; tests/test_graph_cache.py).
 """
 
 from __future__ import annotations
@@ -149,3 +148,14 @@ class MatmulTuning(TuneSpace):
         # runtime/launch.py: MatmulLauncher, args (*inputs, out, M, N, K, ...)
         m, n = args[len(spec.inputs) + 1], args[len(spec.inputs) + 2]
         return (cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),)
+
+
+# Every space, by the name a spec carries
+SPACES: dict[str, TuneSpace] = {s.name: s for s in (
+    PointwiseTuning(), TiledTuning(), RowTuning(), LoopedRowTuning(), ReductionTuning(),
+    MatmulTuning())}
+
+
+def space(name: str | None) -> TuneSpace | None:
+    """The space named `name` (a spec's `tuning`); None: not tuned."""
+    return None if name is None else SPACES[name]

@@ -56,7 +56,7 @@ import torch
 
 from ..engine.diag import log
 from ..kinds.spec import KernelSpec
-from ..kinds.tuning import DEFAULT_WARPS, Config
+from ..kinds.tuning import DEFAULT_WARPS, Config, space
 from .disk_cache import read_verified, store, subdir
 from .static_launch import _fingerprint
 from .triton_direct import POISON
@@ -86,15 +86,16 @@ def interpreted() -> bool:
 def space_name(spec: KernelSpec) -> str | None:
     """The name of the space a spec's main kernel is tuned in (its kind's,
     kinds/tuning.py); None: not tuned (attention)."""
-    return spec.tuning.name if spec.tuning is not None else None
+    return spec.tuning
 
 
 def candidates(spec: KernelSpec, kwargs: dict[str, Any]) -> list[Config]:
     """The heuristic's launch ({}) first, then the space's other configurations
     (under the interpreter, CANDIDATE_LIMIT of them, spread over the list)."""
-    if spec.tuning is None:
+    tuning = space(spec.tuning)
+    if tuning is None:
         return [{}]
-    others = [c for c in spec.tuning.configs(spec, kwargs) if not _is_heuristic(c, kwargs)]
+    others = [c for c in tuning.configs(spec, kwargs) if not _is_heuristic(c, kwargs)]
     if interpreted() and len(others) > CANDIDATE_LIMIT:
         step = len(others) / CANDIDATE_LIMIT
         others = [others[int(i * step)] for i in range(CANDIDATE_LIMIT)]
@@ -115,7 +116,7 @@ class TunedKernel:
     def __init__(self, inner: Any, spec: KernelSpec, source: str, symbol: str) -> None:
         self.inner = inner
         self.spec = spec
-        self.space = spec.tuning
+        self.space = space(spec.tuning)
         self.kernel = hashlib.sha256(f"{symbol}\0{source}".encode()).hexdigest()
         self.chosen: dict[Any, Config] = {}  # call -> winner
         self.timings: dict[Any, list[tuple[float, Config]]] = {}  # call -> what was measured

@@ -191,7 +191,8 @@ def _render(term: Term, index: int, target: str, table: OpTable) -> tuple[Kernel
     if target not in kind.launchers or base.spec is None:
         raise RenderError(f"no {target} template for {kind.name}")
     spec = base.spec(term, index)
-    spec.tuning = kind.tuning  # the variant's: its launch is the one tuned
+    # the variant's: its launch is the one tuned
+    spec.tuning = kind.tuning.name if kind.tuning is not None else None
     simd = vector_math_decls() if target == "openmp" else ()
     return spec, kind.render(spec, target, simd, table), kind.launchers[target]
 

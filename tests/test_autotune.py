@@ -295,3 +295,14 @@ def test_plan_learning_watches_the_wrapped_kernel(tuned: list[Any]) -> None:
     (call,) = kernel.chosen
     winner = kernel.chosen[call]
     assert seen[0][1] == {"BLOCK_SIZE": 1024, **winner}
+
+
+def test_each_kind_s_space_is_found_by_the_name_a_spec_carries() -> None:
+    """kinds/tuning.py: a stored spec carries its space's name (plain data), and a
+    launcher built from it finds the kind's space by that name."""
+    from rewritec.kinds import tuning
+    from rewritec.kinds.registry import KINDS
+
+    tuned = [k for k in KINDS.values() if k.tuning is not None]
+    assert tuned and all(tuning.space(k.tuning.name) == k.tuning for k in tuned)
+    assert {k.name for k in KINDS.values() if k.tuning is None} == {"attention"}
