@@ -14,9 +14,9 @@ import torch
 
 from rewritec import report
 
-CASES = [((4, 9), -1, False), ((3, 5, 7), 1, False), ((2, 6, 33), -1, True), ((8, 3), 0, True)]
-DTYPES = [(torch.float32, None), (torch.float64, None), (torch.bfloat16, 3e-2),
-          (torch.float16, 5e-3)]
+# a softmax over the last dim, over a middle one, and over a transposed input's first
+CASES = [((4, 9), -1, False), ((3, 5, 7), 1, False), ((8, 3), 0, True)]
+DTYPES = [(torch.float32, None), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)]
 
 
 def attention_scores(x: torch.Tensor, w: torch.Tensor, dim: int) -> torch.Tensor:
