@@ -44,17 +44,18 @@ def test_fast_math_may_contract() -> None:
 
 def _launchers(monkeypatch, fn, args, **options) -> list[Launcher]:
     """The launchers a compilation of `fn` builds."""
-    from rewritec.runtime import prepare
+    from rewritec import compiler
 
     seen: list[Launcher] = []
-    real = prepare.prepare_kernels
+    real = compiler.prepare_kernels
 
     def spy(*a, **k):
         out = real(*a, **k)
         seen.extend(out.launchers.values())
         return out
 
-    monkeypatch.setattr(prepare, "prepare_kernels", spy)
+    # the compiler's own name for it: it imports the function, not the module
+    monkeypatch.setattr(compiler, "prepare_kernels", spy)
     rewritec.compile(fn, **options)(*args)
     return seen
 
