@@ -18,6 +18,10 @@ from rewritec import report
 @pytest.mark.parametrize("target", ["aten", "triton"])
 @pytest.mark.parametrize("vocab", [1001, 1003])
 def test_an_lm_head_with_an_odd_vocabulary(dtype: torch.dtype, target: str, vocab: int) -> None:
+    if target == "triton" and not torch.cuda.is_available() \
+            and (vocab, dtype) in ((1001, torch.float16), (1003, torch.bfloat16)):
+        # the interpreter takes 12 s a case: two cases cover both pads and both dtypes
+        pytest.skip("interpreted Triton: the other two cases cover this one's pad and dtype")
     torch.manual_seed(0)
     device = "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
     x = torch.randn(300, 264).to(dtype).to(device)
