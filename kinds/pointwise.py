@@ -74,10 +74,18 @@ def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 
 def _render_triton(spec: KernelSpec, table: OpTable) -> str:
-    names = term_names(spec)
     loads = [triton_load(spec, k, "offs" if inp.flat else print_index(
         strided_offset(spec.rank, inp.name, "offs"), "triton"), "mask")
         for k, inp in enumerate(spec.inputs)]
+    return render_elementwise_triton(spec, table, loads)
+
+
+def render_elementwise_triton(spec: KernelSpec, table: OpTable, loads: list[str],
+                              **extra: object) -> str:
+    """The body, stores and template of an elementwise Triton kernel around `loads`:
+    every value at `offs` under `mask` (the tiled variant passes its tile's
+    offsets in `extra`)."""
+    names = term_names(spec)
     stmts = [triton_statement(t, names, table) for t in spec.body
              if t.op not in ("arg", "const")]
     stores = [triton_store(spec, o, names[t], "offs", "mask")
@@ -85,7 +93,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"), name=spec.name,
                            params=triton_params(spec, "n_elements"), loads=loads,
-                           stmts=stmts, stores=stores)
+                           stmts=stmts, stores=stores, **extra)
 
 
 def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -> str:

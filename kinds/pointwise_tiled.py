@@ -12,20 +12,10 @@ from __future__ import annotations
 import sympy
 
 from ..engine.ops import OpTable
-from .kernels import (
-    check_template,
-    kernel_header,
-    print_index,
-    subspace_offset,
-    term_names,
-    triton_load,
-    triton_params,
-    triton_statement,
-    triton_store,
-)
+from .kernels import check_template, print_index, subspace_offset, triton_load
 from .kind import Kind
+from .pointwise import render_elementwise_triton
 from .spec import KernelSpec
-from .templates import render_template
 from .tuning import TiledTuning
 
 
@@ -53,20 +43,12 @@ def _tiled_offsets(spec: KernelSpec) -> tuple[dict[str, str], str]:
 def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
            table: OpTable) -> str:
     check_template(spec, target)
-    names = term_names(spec)
     offsets, out_offset = _tiled_offsets(spec)
     loads = [triton_load(spec, k, offsets[inp.name], "mask")
              for k, inp in enumerate(spec.inputs)]
-    stmts = [triton_statement(t, names, table) for t in spec.body
-             if t.op not in ("arg", "const")]
     # every output at the template's out_offset
-    stores = [triton_store(spec, o, names[t], "offs", "mask")
-              for o, t in zip(spec.outputs, spec.written, strict=True)]
-    return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
-                           header=kernel_header(spec, "triton", "#"), name=spec.name,
-                           params=triton_params(spec, "n_elements"), loads=loads,
-                           stmts=stmts, stores=stores, out_offset=out_offset,
-                           tile_y=spec.meta["tile"], tile_x=spec.rank - 1)
+    return render_elementwise_triton(spec, table, loads, out_offset=out_offset,
+                                     tile_y=spec.meta["tile"], tile_x=spec.rank - 1)
 
 
 # What the render gives each target's template (a user's template may read these
