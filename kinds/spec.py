@@ -8,6 +8,7 @@ runtime/launch.py and what they use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,20 @@ class KernelSpec:
         meta = {k: v for k, v in self.meta.items() if k != GEOMETRY_CACHE}
         return replace(self, body=[], root=None, compute_dtype=self.compute,  # type: ignore[arg-type]
                        meta=meta, written=[])
+
+
+def broadcast_sizes(shapes: Sequence[Sequence[int]]) -> list[int]:
+    """torch.broadcast_shapes of concrete sizes, without it: its first call imports
+    torch's symbolic shapes and sympy (half a second of a loaded package's first call)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, n in enumerate(s, rank - len(s)):
+            if n != 1:
+                if out[i] != 1 and out[i] != n:
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[i] = n
+    return out
 
 
 def block_pow2(n: int) -> int:

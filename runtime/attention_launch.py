@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..kinds.spec import KernelSpec, block_pow2
+from ..kinds.spec import KernelSpec, block_pow2, broadcast_sizes
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def choose_tile(d: int, interpreted: bool) -> AttentionTile:
 def attention_launch(spec: KernelSpec, kernel: Any, inputs: tuple[Any, ...]) -> Any:
     meta = spec.meta
     q, kt, v = inputs[meta["q"]], inputs[meta["kt"]], inputs[meta["v"]]
-    batch = torch.broadcast_shapes(q.shape[:2], kt.shape[:2], v.shape[:2])
+    batch = broadcast_sizes((q.shape[:2], kt.shape[:2], v.shape[:2]))
     b, h = batch
     tq, tk, d, dv = q.shape[2], kt.shape[3], q.shape[3], v.shape[3]
     q, kt, v = (x.expand(b, h, *x.shape[2:]) for x in (q, kt, v))

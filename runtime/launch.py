@@ -23,7 +23,7 @@ import torch
 
 from ..aten.dtypes import TORCH_DTYPES
 from ..engine.diag import user_stacklevel
-from ..kinds.spec import GEOMETRY_CACHE, KernelSpec, block_pow2, chunk
+from ..kinds.spec import GEOMETRY_CACHE, KernelSpec, block_pow2, broadcast_sizes, chunk
 from .attention_launch import attention_launch
 from .matmul_launch import matmul_launch_args
 from .triton_direct import POISON
@@ -471,20 +471,6 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     count = (_numel(space) // cols if cols else 0) if spec.by_rows else numel
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
                      flat, numel, direct, (*space, *strides, count, cols))
-
-
-def broadcast_sizes(shapes: Sequence[Sequence[int]]) -> list[int]:
-    """torch.broadcast_shapes of concrete sizes, without it: its first call imports
-    torch's symbolic shapes and sympy (half a second of a loaded package's first call)."""
-    rank = max((len(s) for s in shapes), default=0)
-    out = [1] * rank
-    for s in shapes:
-        for i, n in enumerate(s, rank - len(s)):
-            if n != 1:
-                if out[i] != 1 and out[i] != n:
-                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
-                out[i] = n
-    return out
 
 
 def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:

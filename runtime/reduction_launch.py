@@ -13,12 +13,11 @@ from typing import Any
 import torch
 
 from ..aten.dtypes import TORCH_DTYPES
-from ..kinds.spec import KernelSpec, stride_params
+from ..kinds.spec import KernelSpec, broadcast_sizes, stride_params
 from .launch import (
     CppLauncher,
     Launcher,
     _numel,
-    broadcast_sizes,
     cached_geometry,
     dense_strides,
     empty_strided,
