@@ -33,6 +33,11 @@ class KernelFallback(UserWarning):
     """A fused group runs through ATen because its kernel could not be built."""
 
 
+class NoLaunch(Exception):  # noqa: N818 - a condition a launch meets, not a failure
+    """This call cannot launch the kernel, though other calls may (a packaged kernel
+    holding no binary for these sizes): it alone runs through ATen."""
+
+
 Result = torch.Tensor | tuple[torch.Tensor, ...]
 
 
@@ -44,6 +49,7 @@ class Launcher:
     fallback: Callable[..., Result]
     failed: bool = False
     strict: bool = False
+    calls_fell_back = 0  # calls that could not launch it (NoLaunch) and ran through ATen
     recipe: Any = None  # the KernelRecipe it was made from (runtime/recipe.py)
 
     def __init__(self, spec: KernelSpec, kernel: Any,
@@ -99,6 +105,7 @@ class Launcher:
         seen: list[Any] = []
         temps: list[torch.Tensor] = []
         before = [_launches(k) for k in kernels]
+        fell_back = self.calls_fell_back
         for k in kernels:
             k.watch = seen
         self.temps = temps
@@ -112,7 +119,8 @@ class Launcher:
         if self.attempts > 2 * self.PLANS and self.plans is not None and not self.plans:
             self.plans = None  # never learned (the JIT launches, or several kernels)
         outs = result if isinstance(result, tuple) else (result,)
-        if self.plans is None or not seen or POISON in seen or any(
+        if self.plans is None or not seen or POISON in seen or self.failed or \
+                self.calls_fell_back != fell_back or any(
                 o.device.type != PLAN_DEVICE or _index(o) != key[0] for o in outs):
             return result
         after = [_launches(k) for k in kernels]
@@ -128,6 +136,14 @@ class Launcher:
         if not self.failed:
             try:
                 return self.launch(*inputs)
+            except NoLaunch as e:
+                if self.strict:
+                    raise
+                if not self.calls_fell_back:
+                    warnings.warn(f"rewritec: kernel {self.spec.name} (rule {self.spec.rule}) "
+                                  f"runs a call through ATen: {e}", KernelFallback,
+                                  stacklevel=user_stacklevel())
+                self.calls_fell_back += 1
             except Exception as e:
                 if self.strict:
                     raise

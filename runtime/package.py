@@ -59,7 +59,7 @@ from ..engine.errors import PackageError
 from ..kinds.spec import KernelSpec, KInput, KOutput
 from . import static_launch
 from .build import cxx_flags, target
-from .launch import _EMPTY_STRIDED_CUDA, Launcher
+from .launch import _EMPTY_STRIDED_CUDA, Launcher, NoLaunch
 from .program import Program
 from .recipe import LAUNCHERS
 from .triton_direct import DirectKernel
@@ -302,9 +302,9 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) ->
     except (KeyError, ValueError, UnicodeDecodeError):
         raise PackageError(f"{where}: program.json is missing or not JSON") from None
     try:
-        kernels = _kernels(data.get("kernels", []), members, where)
         tensors = {key: _tensor(meta, members, where)
                    for key, meta in data.get("constants", {}).items()}
+        kernels = _kernels(data.get("kernels", []), members, tensors, where)
         weights = _weights(data.get("weights", {}), members, state_dict, where)
         if len(data["graph"]["inputs"]) != len(data["inputs"]):
             raise PackageError(f"{where}: program.json is malformed: the graph takes "
@@ -322,11 +322,12 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) ->
                            f"{e}") from None
 
 
-def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes], where: str
-             ) -> dict[str, Launcher]:
+def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes],
+             tensors: dict[str, torch.Tensor], where: str) -> dict[str, Launcher]:
     """Each kernel's launcher: an OpenMP library loaded from a private temporary
     folder (ctypes loads from a file; the folder goes once they are loaded), or a
-    Triton kernel's binaries launched through torch's static launcher."""
+    Triton kernel's binaries launched through torch's static launcher; where it
+    cannot launch, its group's ATen calls run (a program, checked as the wrapper is)."""
     kernels: dict[str, Launcher] = {}
     if not entries:
         return kernels
@@ -339,11 +340,12 @@ def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes], where: st
                     cls.__name__.endswith("CppLauncher") != (target == "openmp"):
                 raise PackageError(f"{where}: kernel {spec.name} has launcher "
                                    f"{entry.get('launcher')!r} for target {target!r}")
+            fallback = _fallback(entry.get("aten"), tensors, where, spec.name)
             if target == "openmp":
                 fn = _library(Path(tmp), spec.name, members[entry["binary"]], where)
-                kernels[spec.name] = cls(spec, fn, _failed(where, spec.name))
+                kernels[spec.name] = cls(spec, fn, fallback)
             else:
-                kernels[spec.name] = _triton(cls, spec, entry, members, where)
+                kernels[spec.name] = _triton(cls, spec, entry, members, fallback, where)
     return kernels
 
 
@@ -357,27 +359,32 @@ def _library(tmp: Path, name: str, data: bytes, where: str) -> Any:
 
 
 def _triton(cls: Any, spec: KernelSpec, entry: dict[str, Any], members: dict[str, bytes],
-            where: str) -> Launcher:
-    """A Triton kernel's launcher whose every launch is one of the binaries the
-    package holds (per call: sizes, dtypes, alignment, constexprs), launched without
-    Triton; a call it holds none for is an error (Triton's JIT would compile)."""
-    found: dict[str, dict[str, tuple[dict[str, Any], str]]] = {}
+            fallback: Callable[..., Any], where: str) -> Launcher:
+    """A Triton kernel's launcher whose every launch runs one of the binaries the
+    package holds, launched without Triton: the binary made for this very call, or
+    one whose specialization admits it (a dynamic dim's sizes); a call no binary
+    admits is an error (Triton's JIT would compile)."""
+    found: dict[str, list[Binary]] = {}
+    paths: dict[str, str] = {}
     for b in entry["binaries"]:
         data = members[b["cubin"]]
         digest = hashlib.sha256(data).hexdigest()
         if digest != b["meta"]["cubin"]:
             raise PackageError(f"{where}: {b['cubin']} is not the binary program.json names")
-        path = _cubin_dir() / f"{digest}.cubin"
-        path.write_bytes(data)
-        found.setdefault(str(b["symbol"]), {})[str(b["call"])] = (b["meta"], str(path))
+        if digest not in paths:
+            path = _cubin_dir() / f"{digest}.cubin"
+            path.write_bytes(data)
+            paths[digest] = str(path)
+        found.setdefault(str(b["symbol"]), []).append(Binary(
+            str(b["call"]), str(b.get("kwargs", "")), _assume(b.get("assume"), where),
+            b["meta"], paths[digest]))
 
     def kernel(symbol: str) -> DirectKernel:
         return DirectKernel(load=_no_jit(where, symbol), binaries=PackagedBinaries(
-            found.get(symbol, {})), symbol=symbol,
+            found.get(symbol, [])), symbol=symbol,
             options={"enable_fp_fusion": bool(entry.get("contract"))})
 
     spec = replace(spec, autotune=False)  # the binaries are the configurations it chose
-    fallback = _failed(where, spec.name)
     if cls.__name__ == "ReductionTritonLauncher":
         launcher = cls(spec, kernel(spec.name), kernel(f"{spec.name}_combine"), fallback)
     else:
@@ -387,28 +394,125 @@ def _triton(cls: Any, spec: KernelSpec, entry: dict[str, Any], members: dict[str
     return launcher  # type: ignore[no-any-return]
 
 
+# The range of each integer type of torch's static launcher (static_launch.ARG_CODES)
+INT_RANGES = {"i": (-2**31, 2**31 - 1), "l": (-2**63, 2**63 - 1), "I": (0, 2**32 - 1),
+              "K": (0, 2**64 - 1)}
+
+
+def assumptions(call: tuple[Any, ...], meta: dict[str, Any]) -> list[list[Any]]:
+    """What the binary compiled for `call` (runtime/triton_direct.py: call_key)
+    assumes of each positional argument, as Triton specialized it: a value compiled
+    in (a constexpr, or an int equal to 1) must be equal; an int must fit the
+    binary's integer type and, where it was a multiple of 16 (Triton's divisibility
+    hint), stay one; a tensor must keep its dtype and, where it was, its 16-byte
+    alignment. Any call these hold for may run the binary: that is how one binary
+    serves every size of a dynamic dim. Conservative: an assumption Triton did not
+    make only means a call finds no binary."""
+    keep, codes = list(meta["keep"]), str(meta["codes"])
+    found: list[list[Any]] = []
+    for i, arg in enumerate(call[1]):
+        code = codes[keep.index(i)] if i in keep else None
+        if code in INT_RANGES and type(arg) is int:
+            found.append(["int", *INT_RANGES[code], arg % 16 == 0])
+        elif code == "O" and isinstance(arg, tuple) and len(arg) == 2 \
+                and isinstance(arg[0], torch.dtype):
+            found.append(["ptr", str(arg[0]), arg[1] == 0])
+        elif code in ("f", "d") and isinstance(arg, tuple) and arg[0] is float:
+            found.append(["float"])
+        else:
+            found.append(["=", repr(arg)])
+    return found
+
+
+def _assume(data: Any, where: str) -> list[list[Any]] | None:
+    """A binary's assumptions as program.json gives them, checked for shape."""
+    shapes = {"int": (int, int, bool), "ptr": (str, bool), "float": (), "=": (str,)}
+    if data is None:
+        return None
+    if isinstance(data, list) and all(
+            isinstance(a, list) and a and a[0] in shapes and len(a) == 1 + len(shapes[a[0]])
+            and all(isinstance(v, t) for v, t in zip(a[1:], shapes[a[0]], strict=True))
+            for a in data):
+        return data
+    raise PackageError(f"{where}: program.json is malformed: a binary's assumptions are "
+                       f"{str(data)[:80]}")
+
+
+def admits(assume: list[list[Any]], signature: tuple[Any, ...]) -> bool:
+    """Whether a call of this signature holds every assumption of a binary."""
+    if len(assume) != len(signature):
+        return False
+    for want, arg in zip(assume, signature, strict=True):
+        how = want[0]
+        if how == "int":
+            if type(arg) is not int or not want[1] <= arg <= want[2] or \
+                    (want[3] and arg % 16):
+                return False
+        elif how == "ptr":
+            if not (isinstance(arg, tuple) and len(arg) == 2 and
+                    str(arg[0]) == want[1] and (not want[2] or arg[1] == 0)):
+                return False
+        elif how == "float":
+            if not (isinstance(arg, tuple) and arg[0] is float):
+                return False
+        elif how != "=" or repr(arg) != want[1]:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Binary:
+    """One of a kernel's packaged binaries: the call it was compiled for, its
+    constexprs, what it assumes of each argument (None: only its own call), how to
+    launch it and where its cubin is."""
+
+    call: str
+    kwargs: str
+    assume: list[list[Any]] | None
+    meta: dict[str, Any]
+    path: str
+
+    def strength(self) -> int:
+        """How many divisibility and alignment hints it was compiled with."""
+        return sum(1 for a in self.assume or () if a[0] in ("int", "ptr") and a[-1])
+
+
 class PackagedBinaries:
-    """runtime/static_launch.py's Binaries for a package: its binaries by call (the
-    repr of triton_direct.call_key), and nothing stored."""
+    """runtime/static_launch.py's Binaries for a package: its binaries, found by
+    call (the repr of triton_direct.call_key) or by what each admits, and nothing
+    stored."""
 
     failed: str | None = None
 
-    def __init__(self, calls: dict[str, tuple[dict[str, Any], str]]) -> None:
-        self.calls = calls
+    def __init__(self, binaries: list[Binary]) -> None:
+        self.exact = {b.call: b for b in binaries}
+        self.binaries = binaries
 
     def find(self, call: tuple[Any, ...], device: int, grid: tuple[int, ...]
              ) -> Callable[..., None] | None:
-        hit = self.calls.get(repr(call))
-        return None if hit is None else static_launch.launcher(hit[0], hit[1], device, grid)
+        hit = self.exact.get(repr(call))
+        if hit is None:
+            kwargs = repr(call[0])
+            fits = [b for b in self.binaries if b.assume is not None and b.kwargs == kwargs
+                    and admits(b.assume, call[1])]
+            hit = max(fits, key=Binary.strength, default=None)
+        return None if hit is None else static_launch.launcher(hit.meta, hit.path, device, grid)
 
     def keep(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 
+class NoBinary(PackageError, NoLaunch):
+    """A packaged Triton kernel holds no binary for this call: the call runs through
+    the kernel's ATen body (runtime/launch.py: NoLaunch), other calls still launch."""
+
+
 def _no_jit(where: str, symbol: str) -> Callable[[], Any]:
     def load() -> Any:
-        raise PackageError(f"{where}: kernel {symbol} has no binary for this call (its sizes, "
-                           "dtypes or alignment differ from the example's)")
+        raise NoBinary(f"{where}: kernel {symbol} has no binary for this call: its "
+                           "dtypes or alignment differ from the example's, or its sizes "
+                           "from every size the package was built with (a dynamic dim's "
+                           "sizes choose each kernel's block; see docs/packages.md)")
 
     return load
 
@@ -425,11 +529,22 @@ def _cubin_dir() -> Path:
     return _cubins[0]
 
 
-def _failed(where: str, name: str) -> Callable[..., Any]:
-    """A package kernel whose launch failed: the package holds no other way to
-    compute its group, so the call is one error, never a wrong result."""
+def _fallback(program: Any, tensors: dict[str, torch.Tensor], where: str, name: str
+              ) -> Callable[..., Any]:
+    """What a package kernel runs where it cannot launch: its group's ATen calls, or
+    (a package without them) one error, never a wrong result."""
+    if program is None:
+        def failed(*inputs: Any) -> Any:
+            raise PackageError(f"{where}: kernel {name} cannot launch (see the warning) and "
+                               "the package holds no ATen body for it")
+
+        return failed
+    fn, _ = Program(program, where).build({}, tensors)
+    single = len(program["outputs"]) == 1
+
     def fallback(*inputs: Any) -> Any:
-        raise PackageError(f"{where}: kernel {name} failed to launch (see the warning)")
+        out = fn(list(inputs))
+        return out[0] if single else tuple(out)
 
     return fallback
 

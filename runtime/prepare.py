@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,27 +44,34 @@ class Prepared:
     names: dict[Term, str] = field(default_factory=dict)  # kernel term -> its name
 
 
-def aten_body(kernel: Term, bridge: Bridge) -> Callable[..., Result]:
-    """The kernel's group run op by op through ATen (the launch-failure fallback):
-    its one output, or the tuple of all of them, as the launcher returns."""
-    body = body_terms(kernel)
-    order = [t for t in body if t.op not in ("arg", "const")]
-    outputs = kernel_outputs(kernel)
+def aten_body(kernel: Term, bridge: Bridge) -> AtenBody:
+    """The kernel's group run op by op through ATen (the launch-failure fallback)."""
+    return AtenBody(body_terms(kernel), kernel_outputs(kernel), bridge)
 
-    def run(*inputs: torch.Tensor) -> Result:
+
+class AtenBody:
+    """A kernel's group run op by op through ATen: called with the kernel's inputs,
+    it returns its one output, or the tuple of all of them, as the launcher does.
+    A package stores it as a program (runtime/program.py: `encode_body`)."""
+
+    def __init__(self, body: Sequence[Term], outputs: Sequence[Term], bridge: Bridge) -> None:
+        self.body = body
+        self.order = [t for t in body if t.op not in ("arg", "const")]
+        self.outputs = outputs
+        self.bridge = bridge
+
+    def __call__(self, *inputs: torch.Tensor) -> Result:
         values: dict[Term, Any] = {}
-        for t in body:
+        for t in self.body:
             if t.op == "arg":
                 values[t] = inputs[t.attr("index")]
             elif t.op == "const":
                 values[t] = t.value
-        for t in order:
-            values[t] = bridge.run(t, [values[a] for a in t.args])
-        if len(outputs) == 1:
-            return values[outputs[0]]  # type: ignore[no-any-return]
-        return tuple(values[o] for o in outputs)
-
-    return run
+        for t in self.order:
+            values[t] = self.bridge.run(t, [values[a] for a in t.args])
+        if len(self.outputs) == 1:
+            return values[self.outputs[0]]  # type: ignore[no-any-return]
+        return tuple(values[o] for o in self.outputs)
 
 
 def prepare_kernels(graph: Graph, store: TermStore, target: str, *, strict: bool,

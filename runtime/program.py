@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..aten import attention  # noqa: F401 - defines rewritec::attention, a program's op
+from ..aten.bridge import Bridge, Opaque, Slot
 from ..engine.errors import PackageError
+from ..engine.term import Term
 from .graph_cache import ALLOWED_FNS, callable_ref
 from .launch import Launcher
 from .namespace import namespace
@@ -97,12 +101,49 @@ def _name(node: ast.expr) -> str:
     return node.id
 
 
+def encode_body(body: Sequence[Term], outputs: Sequence[Term], bridge: Bridge,
+                first_constant: int = 0) -> Encoded:
+    """A kernel's group as ATen calls (runtime/prepare.py: AtenBody), as a program
+    that takes the kernel's inputs and returns its outputs: what a package runs
+    where its kernel cannot launch. Its tensor constants are named from
+    `c{first_constant}` on, after the wrapper's."""
+    enc = _Encoder({}, first_constant)
+    values: dict[Term, Any] = {}
+    inputs = 0
+    for t in body:
+        if t.op == "arg":
+            values[t] = {"v": f"a{t.attr('index')}"}
+            inputs = max(inputs, t.attr("index") + 1)
+        elif t.op == "const":
+            values[t] = enc.obj(t.value, f"k{id(t)}")
+    steps: list[dict[str, Any]] = []
+    for t in body:
+        if t.op in ("arg", "const"):
+            continue
+        fn, args, kwargs, order = bridge.call_parts(t)
+        operands = [values[a] for a in order]
+        out = f"v{len(steps)}"
+        if fn is operator.getitem:
+            steps.append({"out": out, "item": [operands[0]["v"], args[1]]})
+        else:
+            step: dict[str, Any] = {"out": out, **enc.callee_obj(fn)}
+            step["args"] = [enc.filled(a, operands) for a in args]
+            if kwargs:
+                step["kwargs"] = {k: enc.filled(v, operands) for k, v in kwargs.items()}
+            steps.append(step)
+        values[t] = {"v": out}
+    program = {"inputs": [f"a{i}" for i in range(inputs)], "steps": steps,
+               "outputs": [values[o] for o in outputs]}
+    return Encoded(program, {}, enc.constants)
+
+
 class _Encoder:
-    def __init__(self, bound: dict[str, Any]) -> None:
+    def __init__(self, bound: dict[str, Any], first_constant: int = 0) -> None:
         self.bound = bound
         self.kernels: dict[str, Launcher] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self._const_names: dict[str, str] = {}
+        self._first = first_constant
 
     def step(self, out: str, value: ast.expr) -> dict[str, Any]:
         if isinstance(value, ast.Subscript):
@@ -125,6 +166,9 @@ class _Encoder:
         if isinstance(obj, Launcher):
             self.kernels[obj.spec.name] = obj
             return {"kernel": obj.spec.name}
+        return self.callee_obj(obj)
+
+    def callee_obj(self, obj: Any) -> dict[str, str]:
         if isinstance(obj, torch._ops.OpOverload) and obj.namespace in OP_NAMESPACES:
             return {"op": f"{obj.namespace}::{obj._opname}.{obj._overloadname}"}
         try:
@@ -180,14 +224,30 @@ class _Encoder:
         raise NotPackable(f"the wrapper binds a {type(obj).__name__}: {obj!r}")
 
     def bound_value(self, name: str) -> Any:
-        obj = self.bound.get(name)
+        return self.obj(self.bound.get(name), name)
+
+    def obj(self, obj: Any, name: str) -> Any:
+        """A Python object as a value; a tensor is a constant, by `name` once."""
         if isinstance(obj, torch.Tensor):
-            key = self._const_names.setdefault(name, f"c{len(self._const_names)}")
+            key = self._const_names.setdefault(
+                name, f"c{self._first + len(self._const_names)}")
             self.constants[key] = obj
             return {"const": key}
         if obj is None or isinstance(obj, bool | int | float | str):
             return self.scalar(obj)
         return self.torch_value(obj)
+
+    def filled(self, spec: Any, operands: list[Any]) -> Any:
+        """An argument of a call the bridge makes (aten/bridge.py: call_parts), its
+        `Slot`s filled with the operands' values."""
+        if isinstance(spec, Slot):
+            return operands[spec.index]
+        if isinstance(spec, Opaque):
+            return self.obj(spec.value, f"o{id(spec)}")
+        if isinstance(spec, list | tuple):
+            kind = "list" if isinstance(spec, list) else "tuple"
+            return {kind: [self.filled(s, operands) for s in spec]}
+        return self.obj(spec, f"o{id(spec)}")
 
 
 # --------------------------------------------------------------------------- build

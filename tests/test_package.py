@@ -337,8 +337,9 @@ def test_interpreted_triton_kernels_are_refused(tmp_path: Path) -> None:
 
 def test_packaged_triton_binary_is_found_by_its_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plumbing of a loaded Triton kernel, on the CPU: a launch whose call the
-    package holds a binary for runs it (the static launcher stubbed); any other call
-    is one error, never Triton's JIT."""
+    package holds a binary for runs it (the static launcher stubbed), and so does a
+    call the binary's specialization admits (other sizes of a dynamic dim); any
+    other call is one error, never Triton's JIT."""
     from rewritec.runtime import package as fmt
     from rewritec.runtime import static_launch
     from rewritec.runtime.triton_direct import DirectKernel, call_key
@@ -347,14 +348,105 @@ def test_packaged_triton_binary_is_found_by_its_call(monkeypatch: pytest.MonkeyP
     ran: list[tuple] = []
     monkeypatch.setattr(static_launch, "launcher",
                         lambda meta, path, device, grid: lambda *a: ran.append((path, grid, a)))
-    calls = {repr(call_key((x, 8), {"BLOCK": 16})): ({"name": "k0"}, "k0.cubin")}
-    kernel = DirectKernel(load=fmt._no_jit("p.rwc", "k0"), binaries=fmt.PackagedBinaries(calls),
-                          symbol="k0", device=lambda: 0)
-    kernel[(1,)](x, 8, BLOCK=16)
-    assert ran == [("k0.cubin", (1,), (x, 8))]
-    with pytest.raises(rewritec.PackageError, match="p.rwc: kernel k0 has no binary for this "
-                                                    "call"):
-        kernel[(1,)](x, 9, BLOCK=16)
+    meta = {"name": "k0", "keep": [0, 1], "codes": "Oi"}
+    odd, sixteen = call_key((x, 9), {"BLOCK": 16}), call_key((x, 32), {"BLOCK": 16})
+    binaries = [fmt.Binary(repr(c), repr(c[0]), fmt.assumptions(c, meta), meta, path)
+                for c, path in ((odd, "odd.cubin"), (sixteen, "d16.cubin"))]
+    kernel = DirectKernel(load=fmt._no_jit("p.rwc", "k0"), binaries=fmt.PackagedBinaries(
+        binaries), symbol="k0", device=lambda: 0)
+    kernel[(1,)](x, 9, BLOCK=16)  # its own call
+    kernel[(2,)](x, 11, BLOCK=16)  # admitted by the binary compiled for an odd size
+    kernel[(2,)](x, 48, BLOCK=16)  # both admit it: the one with a divisibility hint
+    assert [r[0] for r in ran] == ["odd.cubin", "odd.cubin", "d16.cubin"]
+    assert ran[1] == ("odd.cubin", (2,), (x, 11))
+    for args, kwargs in (((x, 9), {"BLOCK": 32}), ((x.double(), 9), {"BLOCK": 16}),
+                         ((x, 2**40), {"BLOCK": 16}), ((x[1:], 9), {"BLOCK": 16})):
+        with pytest.raises(rewritec.PackageError, match="p.rwc: kernel k0 has no binary for "
+                                                        "this call"):
+            kernel[(1,)](*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["mlp", "reduce"])
+def test_a_kernel_that_cannot_launch_runs_its_aten_body(name: str, tmp_path: Path) -> None:
+    """Every packaged kernel carries its group as ATen calls: a launch that fails
+    (here: every kernel's library call raising) gives eager's result, with a
+    warning, instead of an error."""
+    from rewritec.runtime.launch import KernelFallback, Launcher
+
+    model, inputs = _model(name)
+    path = rewritec.package(model, inputs, tmp_path / "p.rwc")
+    with zipfile.ZipFile(path) as z:
+        kernels = json.loads(z.read("program.json"))["kernels"]
+    assert kernels and all("aten" in k for k in kernels)
+    loaded = rewritec.load_package(path)
+    launchers = [v for v in loaded._fn.__globals__.values() if isinstance(v, Launcher)]
+    assert len(launchers) == len(kernels)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("the library lost its kernel")
+
+    for launcher in launchers:
+        launcher.fn = launcher.kernel = broken
+    with pytest.warns(KernelFallback, match="falls back to ATen"):
+        got = loaded(*inputs)
+    torch.testing.assert_close(got, model(*inputs))
+
+
+def test_a_call_that_cannot_launch_falls_back_alone() -> None:
+    """runtime/launch.py: NoLaunch sends one call through ATen (warned once) and
+    keeps launching the calls that can, learning no plan from the one that fell."""
+    from rewritec.runtime.launch import KernelFallback, Launcher, NoLaunch
+
+    class Flaky(Launcher):
+        def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
+            if inputs[0].shape[0] == 3:
+                raise NoLaunch("no binary for size 3")
+            return inputs[0] + 1
+
+    spec = type("Spec", (), {"name": "k0", "rule": "r"})()
+    launcher = Flaky(spec, None, lambda x: x + 2)  # type: ignore[arg-type]
+    with pytest.warns(KernelFallback, match="k0 .rule r. runs a call through ATen: no binary"):
+        assert launcher(torch.zeros(3)).tolist() == [2.0] * 3
+    assert launcher(torch.zeros(2)).tolist() == [1.0] * 2
+    assert launcher(torch.zeros(3)).tolist() == [2.0] * 3
+    assert launcher.calls_fell_back == 2 and not launcher.failed
+
+
+def test_binary_assumptions_follow_triton_specialization() -> None:
+    """An argument compiled in (a constexpr, or an int equal to 1) must be equal; a
+    multiple of 16 must stay one; an int must fit the binary's type."""
+    from rewritec.runtime import package as fmt
+
+    f32 = torch.float32
+    call = ((("BLOCK", 64),), ((f32, 0), (f32, 8), 1, 32, 7, 5, (float, 0.5)))
+    meta = {"keep": [0, 1, 3, 4, 6], "codes": "OOilf"}
+    assume = fmt.assumptions(call, meta)
+    assert assume == [["ptr", "torch.float32", True], ["ptr", "torch.float32", False],
+                      ["=", "1"], ["int", -2**31, 2**31 - 1, True],
+                      ["int", -2**63, 2**63 - 1, False], ["=", "5"], ["float"]]
+    admitted = ((f32, 0), (f32, 0), 1, 64, 2**40, 5, (float, 2.0))
+    assert fmt.admits(assume, admitted)
+    for k, other in ((0, (f32, 8)), (0, (torch.float16, 0)), (2, 2), (3, 48 + 8),
+                     (3, 2**31), (5, 6), (6, (int, 2))):
+        bad = list(admitted)
+        bad[k] = other
+        assert not fmt.admits(assume, tuple(bad)), (k, other)
+    assert not fmt.admits(assume, admitted[:-1])
+
+
+def test_probe_sizes_cover_each_block_until_nothing_is_new() -> None:
+    """Odd sizes first (no divisibility hint), then 2**k + 1 while new binaries come."""
+    from rewritec.frontend.package import probe_sizes
+
+    made = iter([1, 2, 2, 2, 9])  # binaries made so far, at each count (then 9)
+    got = list(probe_sizes({"b": [2, 64], "s": [1, None]}, {"b": 8, "s": 4},
+                           lambda: next(made, 9)))
+    assert got[0] == {"b": 3, "s": 3}
+    # b: 17 makes a new binary, 33 and 65 (past the range) none: stop at the end
+    assert got[1:3] == [{"b": 17, "s": 3}, {"b": 33, "s": 3}]
+    # s: 17 makes new binaries, 33 and 65 none: two idle probes end it
+    assert [g["s"] for g in got[3:]] == [17, 33, 65]
+    assert list(probe_sizes({"b": [4, 4]}, {"b": 4}, lambda: 0)) == [{"b": 4}]
 
 
 def _cuda(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -390,11 +482,38 @@ def test_cuda_package_loads_without_compiling(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name,dim,low,high", [("mlp", 0, 1, 300), ("reduce", 1, 2, 3000)],
+                         ids=["batch", "row-width"])
+def test_cuda_package_with_dynamic_dims(name: str, dim: int, low: int, high: int,
+                                        tmp_path: Path) -> None:
+    """Triton binaries made at the probe sizes serve every size in the dim's range
+    (odd, multiples of 16, 1), loaded in a process that compiles nothing. A batch
+    dim changes no kernel's block, so every call launches a binary (a fallback
+    would raise); a row width whose reduction the package has no binary for runs
+    that call's ATen body, so results stay eager's."""
+    model, inputs = _cuda(name)
+    n = torch.export.Dim("n", min=low, max=high)
+    path = rewritec.package(model, inputs, tmp_path / "d.rwc", dynamic_shapes=({dim: n},))
+    assert list(rewritec.load_package(path).manifest["dynamic"].values()) == [[low, high]]
+    pairs = []
+    for size in sorted({low, 2, 7, 16, 48, 129, 1000, high}):
+        if low <= size <= high:
+            shape = list(inputs[0].shape)
+            shape[dim] = size
+            x = torch.randn(shape, device="cuda")
+            with torch.no_grad():
+                pairs.append((x, model(x)))
+    torch.save(pairs, tmp_path / "io.pt")
+    strict = ["strict"] if name == "mlp" else []
+    res = subprocess.run([sys.executable, "-c", NO_COMPILER, str(path), str(tmp_path / "io.pt"),
+                          *strict], capture_output=True, text=True, timeout=300, check=False,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_package_refusals(tmp_path: Path) -> None:
     model, inputs = _cuda("mlp")
-    batch = torch.export.Dim("batch", max=64)
-    with pytest.raises(rewritec.PackageError, match="Triton kernels are compiled per size"):
-        rewritec.package(model, inputs, tmp_path / "d.rwc", dynamic_shapes=({0: batch},))
     path = rewritec.package(model, inputs, tmp_path / "t.rwc")
     manifest = _manifest(path)
     manifest["target"]["arch"] = "sm_10"
@@ -439,9 +558,13 @@ NO_COMPILER = textwrap.dedent("""
     torch.compile = refuse_fn("torch.compile")
     torch.export.export = refuse_fn("torch.export.export")
     import rewritec
-    x, want = torch.load(sys.argv[2], weights_only=True)
+    if sys.argv[3:] == ["strict"]:  # every call launches a kernel: none falls back
+        import warnings
+        warnings.filterwarnings("error", message="rewritec: kernel")
+    io = torch.load(sys.argv[2], weights_only=True)
     loaded = rewritec.load_package(sys.argv[1])
-    torch.testing.assert_close(loaded(x), want)
+    for x, want in io if isinstance(io, list) else [io]:  # (input, result) pairs
+        torch.testing.assert_close(loaded(x), want)
     forbidden = ["rewritec.compiler", "rewritec.rulesets", "rewritec.engine.rules",
                  "rewritec.engine.rewrite", "rewritec.engine.pipeline", "rewritec.kinds.kernels",
                  "rewritec.kinds.templates", "rewritec.runtime.prepare", "torch._dynamo",
