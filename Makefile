@@ -22,8 +22,10 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/rewritec compile examples/mlp.py --out rewritec_out --fast-math
 
+# One test process per core (pytest-xdist): the suite is CPU-bound, and each test
+# keeps its own caches (tests/conftest.py), so they share nothing.
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m benchmarks.run --quick
