@@ -50,12 +50,15 @@ def package(model: Any, example_inputs: Any, path: Any, *, weights: bool = True,
                          dynamic_shapes=dynamic_shapes, options=options)
 
 
-def load_package(path: Any, *, state_dict: dict[str, Any] | None = None) -> Any:
+def load_package(path: Any, *, state_dict: dict[str, Any] | None = None,
+                 cudagraphs: str | bool = "auto") -> Any:
     """The package at `path` as a callable: no TorchDynamo, AOTAutograd, rules or
-    compiler. `state_dict` supplies weights by name (needed for weights=False)."""
+    compiler. `state_dict` supplies weights by name (needed for weights=False);
+    `cudagraphs` ("auto", "on"/True, "off"/False) replays a CUDA package's calls as
+    CUDA graphs, as mode="reduce-overhead" does a compiled graph's."""
     from .runtime.package import load  # imports no compiler, frontend or rules
 
-    return load(path, state_dict=state_dict)
+    return load(path, state_dict=state_dict, cudagraphs=cudagraphs)
 
 
 def __getattr__(name: str) -> Any:

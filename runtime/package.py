@@ -59,6 +59,7 @@ from ..engine.errors import PackageError
 from ..kinds.spec import KernelSpec, KInput, KOutput
 from . import static_launch
 from .build import cxx_flags, target
+from .cudagraphs import UNSAFE, CudaGraphRunner, auto_declines
 from .launch import _EMPTY_STRIDED_CUDA, Launcher, NoLaunch
 from .program import Program
 from .recipe import LAUNCHERS
@@ -292,9 +293,14 @@ def check_compatible(manifest: dict[str, Any], where: str) -> None:
 # --------------------------------------------------------------------------- load
 
 
-def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Loaded:
-    """The package at `path` as a callable (see the module docstring)."""
+def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
+         cudagraphs: str | bool = "auto") -> Loaded:
+    """The package at `path` as a callable (see the module docstring); on CUDA, with
+    its calls replayed as CUDA graphs as `cudagraphs` says (`_replayed`)."""
     where = str(path)
+    mode = {True: "on", False: "off"}.get(cudagraphs, cudagraphs)  # type: ignore[call-overload]
+    if mode not in ("auto", "on", "off"):
+        raise PackageError(f"{where}: cudagraphs={cudagraphs!r}: give 'auto', 'on' or 'off'")
     manifest, members = read(path)
     check_compatible(manifest, where)
     try:
@@ -312,14 +318,41 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) ->
                                f"{len(data['inputs'])} are described")
         fn, source = Program(data["graph"], where).build(kernels, tensors)
         out_spec = pytree.treespec_loads(data["out_spec"])
-        return Loaded(where, manifest, fn, source, data["inputs"], data["user_inputs"],
-                      weights, int(data["user_outputs"]), out_spec)
+        runner = _replayed(fn, data, mode, manifest)
+        loaded = Loaded(where, manifest, runner or fn, source, data["inputs"],
+                        data["user_inputs"], weights, int(data["user_outputs"]), out_spec)
+        loaded.cudagraphs = runner
+        return loaded
     except PackageError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError,
             OverflowError) as e:  # RuntimeError: torch refusing a device, shape or stride
         raise PackageError(f"{where}: program.json is malformed: {type(e).__name__}: "
                            f"{e}") from None
+
+
+def _replayed(fn: Any, data: dict[str, Any], mode: str, manifest: dict[str, Any]
+              ) -> CudaGraphRunner | None:
+    """The package's wrapper replayed as CUDA graphs (runtime/cudagraphs.py), as a
+    compiled inference graph is under `cudagraphs`: on a CUDA package unless `off`,
+    never for a program with random ops; under `auto` only where launches are many
+    enough to gain (`auto_declines`). Weights are read where they are; each call's
+    inputs are copied into the graph's buffers, and a result is never overwritten
+    while the caller holds it. None: the plain wrapper."""
+    if mode == "off" or manifest.get("target", {}).get("device") != "cuda":
+        return None
+    ops: dict[str, int] = {}
+    for step in data["graph"]["steps"]:
+        if "op" in step:
+            name = str(step["op"]).split("::")[-1].split(".")[0]
+            if any(u in name for u in UNSAFE):
+                return None
+            ops[name] = ops.get(name, 0) + 1
+    kernels = [{"matrix_products": False} for k in data.get("kernels", [])]
+    if mode == "auto" and auto_declines(ops, kernels) is not None:
+        return None
+    params = [slot["kind"] != "user" for slot in data["inputs"]]
+    return CudaGraphRunner(fn, params, mode)
 
 
 def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes],
@@ -625,6 +658,8 @@ class Loaded:
                  weights: dict[str, torch.Tensor], user_outputs: int, out_spec: Any) -> None:
         self.path = where
         self.manifest = manifest
+        # runtime/cudagraphs.py's runner when calls are replayed as CUDA graphs
+        self.cudagraphs: CudaGraphRunner | None = None
         self.source = source  # the wrapper, generated from program.json
         self._fn = fn
         self._user = user_inputs

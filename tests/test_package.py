@@ -511,6 +511,46 @@ def test_cuda_package_with_dynamic_dims(name: str, dim: int, low: int, high: int
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+def test_cudagraphs_option(mlp_package: Path) -> None:
+    """A CPU package is never replayed; an unknown value is one error naming the file."""
+    assert rewritec.load_package(mlp_package).cudagraphs is None
+    assert rewritec.load_package(mlp_package, cudagraphs=True).cudagraphs is None
+    with pytest.raises(rewritec.PackageError, match=r"mlp\.rwc: cudagraphs='maybe': give "
+                                                    "'auto', 'on' or 'off'"):
+        rewritec.load_package(mlp_package, cudagraphs="maybe")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["gpt2_block", "conv"])
+def test_cuda_package_replays_cuda_graphs(name: str, tmp_path: Path) -> None:
+    """Calls of a loaded CUDA package are replayed as CUDA graphs (from the second call
+    of a shape); every result the caller holds stays its own (never overwritten by a
+    later replay), inputs refilled in place or new alike; `off` replays nothing."""
+    model, inputs = _cuda(name)
+    path = rewritec.package(model, inputs, tmp_path / "g.rwc")
+    loaded = rewritec.load_package(path, cudagraphs="on")
+    assert loaded.cudagraphs is not None
+    x = inputs[0].clone()
+    with torch.no_grad():
+        for _ in range(4):  # a loop `y = f(x)`: replayed from the second call
+            x.copy_(torch.randn_like(x))
+            y = loaded(x)
+            torch.testing.assert_close(y, model(x))
+    assert loaded.cudagraphs.replays >= 3
+    held = []
+    for k in range(4):  # results held: never overwritten (busy graphs run plainly)
+        if k % 2:
+            x.copy_(torch.randn_like(x))  # the same buffer, refilled
+        else:
+            x = torch.randn_like(x)
+        with torch.no_grad():
+            held.append((x.clone(), loaded(x)))
+    with torch.no_grad():
+        for xs, got in held:
+            torch.testing.assert_close(got, model(xs))
+    assert rewritec.load_package(path, cudagraphs="off").cudagraphs is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_package_refusals(tmp_path: Path) -> None:
     model, inputs = _cuda("mlp")
