@@ -297,7 +297,8 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
               can_compile: Callable[[Term], bool], guards: GuardEval,
               spaces: Mapping[str, Callable[[Term], Space]],
               watch: _Watch | None = None) -> Group | None:
-    if next(Matcher(table).match(rule.pattern, root, {}), None) is None:
+    bound = next(Matcher(table).match(rule.pattern, root, {}), None)
+    if bound is None:
         return None
     assert rule.kernel is not None
     space = spaces[rule.kernel](root)
@@ -318,7 +319,8 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
     side = sorted((m for m in members if m is not root and _used_outside(m, members, places,
                                                                          outputs)),
                   key=places.rank)
-    env = {"root": root, "ops": len(members),
+    # the pattern's variables too (`attention(q, kt, v, m, s)`: q.shape[-1])
+    env = {**bound, "root": root, "ops": len(members),
            "reductions": sum(m.op in ROW_REDUCTIONS for m in members),
            "matmuls": sum(m.op in MATMULS for m in members),
            "outputs": 1 + len(side)}

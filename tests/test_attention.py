@@ -81,11 +81,11 @@ def run(model: nn.Module, x: torch.Tensor, **options) -> tuple[torch.Tensor, tor
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mask", ["causal", "random", "none"])
-@pytest.mark.parametrize("b,t,dim,heads", [(2, 33, 64, 4), (1, 7, 48, 2), (1, 1, 32, 2)])
+@pytest.mark.parametrize("b,t,dim,heads", [(2, 33, 64, 4), (1, 7, 64, 2), (1, 1, 32, 2)])
 def test_self_attention_kernel(b: int, t: int, dim: int, heads: int, mask: str,
                                dtype: torch.dtype) -> None:
     """One kernel per attention, reading q, k, v straight from the projection (no
-    copies), sizes that leave partial blocks, head dims 16/24/16."""
+    copies), sizes that leave partial blocks, head dims 16/32/16."""
     torch.manual_seed(t)
     model = SelfAttention(dim, heads, t, mask).to(DEVICE, dtype).eval()
     x = torch.randn(b, t, dim, device=DEVICE, dtype=dtype)
@@ -134,24 +134,29 @@ def test_causal_mask_skips_the_mask() -> None:
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cross_attention_broadcast_mask(dtype: torch.dtype) -> None:
-    """Tq != Tk, a per-batch mask broadcast over heads, a key dim of 8 (padded to 16)."""
+@pytest.mark.parametrize("dk,dv,kernel", [(16, 32, True), (8, 12, False)],
+                         ids=["heads-16-32", "heads-8-12"])
+def test_cross_attention_broadcast_mask(dtype: torch.dtype, dk: int, dv: int,
+                                        kernel: bool) -> None:
+    """Tq != Tk, a per-batch mask broadcast over heads, key and value head dims that
+    differ. Head dims that are not whole 16s stay with ATen (fuse-attention's guard:
+    one such kernel read out of bounds on an H100), with eager's result."""
 
     def f(q, k, v, drop):
         s = (q @ k.transpose(-2, -1)) * 0.3
         return torch.softmax(s.masked_fill(drop, float("-inf")), dim=-1) @ v
 
     g = torch.Generator(device=DEVICE).manual_seed(5)
-    q = torch.randn(2, 3, 9, 8, device=DEVICE, dtype=dtype, generator=g).transpose(1, 2)
+    q = torch.randn(2, 3, 9, dk, device=DEVICE, dtype=dtype, generator=g).transpose(1, 2)
     q = q.transpose(1, 2)  # strided, not contiguous
-    k = torch.randn(2, 3, 21, 8, device=DEVICE, dtype=dtype, generator=g)
-    v = torch.randn(2, 3, 21, 12, device=DEVICE, dtype=dtype, generator=g)
+    k = torch.randn(2, 3, 21, dk, device=DEVICE, dtype=dtype, generator=g)
+    v = torch.randn(2, 3, 21, dv, device=DEVICE, dtype=dtype, generator=g)
     drop = torch.rand(2, 1, 9, 21, device=DEVICE, generator=g) < 0.3
     drop[..., 0] = False
     report.reset()
     got = rewritec.compile(f, strict=True, target="triton")(q, k, v, drop)
     want = f(q, k, v, drop)
-    assert len(attention_kernels()) == 1
+    assert len(attention_kernels()) == int(kernel)
     torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
 
 
