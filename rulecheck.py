@@ -179,8 +179,11 @@ def run_example(rule: Rule, example: dict[str, Any], index: int = 0, *,
     """Rewrite the example with `rule` alone; compare with the unrewritten graph.
     A fuse rule's kernels are generated, built and run for `example_target()`."""
     target = example_target(rule)
+    # only a fuse rule's kernels need the GPU; other rules' examples (and their
+    # guards, such as pow-half's `device(x) == 'cuda'`) are written for the CPU
+    device = example_device(target) if rule.kind == "fuse" else "cpu"
     graph, store, bridge, values = build_example(rule, example, seed=index, table=table,
-                                                 device=example_device(target))
+                                                 device=device)
     try:
         result = run_pipeline(graph, store, [rule], table=bridge.table,
                               folder=make_folder(store, bridge), is_frozen=is_frozen,

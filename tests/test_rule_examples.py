@@ -56,3 +56,24 @@ def test_pythagoras_fires_without_fast_math_and_keeps_eager_nan():
     assert sum(r.rules_fired.get("sin-cos-pythagoras", 0) for r in report.RECORDS[start:]) == 1
     torch.testing.assert_close(got, f(x, y), equal_nan=True)
     assert got[4:].isnan().all() and not got[:4].isnan().any()
+
+
+def test_only_fuse_examples_go_to_the_gpu(monkeypatch):
+    """On a GPU machine, a fuse rule's example values live on the GPU (its kernels are
+    Triton's); every other rule's stay on the CPU they were written for (a guard may
+    name the device: pow-half's; a fold's constants are made there)."""
+    from rewritec import rulecheck
+
+    devices = []
+    real = rulecheck.build_example
+
+    def spy(rule, example, **kw):
+        devices.append((rule.kind, kw.get("device")))
+        return real(rule, example, **{**kw, "device": "cpu"})
+
+    monkeypatch.setattr(rulecheck, "example_device", lambda target: "cuda")
+    monkeypatch.setattr(rulecheck, "build_example", spy)
+    rules = {r.name: r for r in builtin_rules()}
+    for name in ("pow-half", "conv-affine-fold", "fuse-pointwise"):
+        rulecheck.run_example(rules[name], rules[name].examples[0])
+    assert devices == [("decompose", "cpu"), ("fold", "cpu"), ("fuse", "cuda")]
