@@ -298,7 +298,7 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
     """The package at `path` as a callable (see the module docstring); on CUDA, with
     its calls replayed as CUDA graphs as `cudagraphs` says (`_replayed`)."""
     where = str(path)
-    mode = {True: "on", False: "off"}.get(cudagraphs, cudagraphs)  # type: ignore[call-overload]
+    mode = ("on" if cudagraphs else "off") if isinstance(cudagraphs, bool) else cudagraphs
     if mode not in ("auto", "on", "off"):
         raise PackageError(f"{where}: cudagraphs={cudagraphs!r}: give 'auto', 'on' or 'off'")
     manifest, members = read(path)
