@@ -163,8 +163,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
 _PRECISION = ["i64", "i32", "i8", "f64", "f32", "f16", "bf16"]  # most to least precise
 # Ops after which the sign of a zero result is the kernel's choice as much as ATen's
 # (an accumulator's start, BLAS): programs with any of them skip the signed-zero check.
-SIGNED_ZERO_FREE = ("sum", "mean", "softmax", "log_softmax", "layer_norm", "mm", "bmm",
-                    "matmul", "conv2d", "sdpa")
+SIGNED_ZERO_FREE = ("sum", "mean", "softmax", "log_softmax", "layer_norm", "batch_norm", "mm",
+                    "bmm", "matmul", "conv2d", "sdpa")
 # A compiled value at most this many times further from the float64 run than
 # eager's value (plus the tolerance) is a rounding difference, not a bug.
 REF_SLACK = 4.0
@@ -291,6 +291,8 @@ def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.log_softmax(x, dim=-1)
     if name == "layer_norm":
         return F.layer_norm(x, (x.shape[-1],), eps=p[0])
+    if name == "batch_norm":  # training: the batch's statistics per channel (dim 1)
+        return F.batch_norm(x, None, None, training=True, eps=p[0])
     if name == "transpose":
         return x.transpose(p[0], p[1])
     if name == "permute":
@@ -808,6 +810,8 @@ def _op_kinds(x: torch.Tensor, allow_conv: bool, computed: bool) -> list[str]:
         kinds = [k for k in kinds if k not in ("where", "where_s")]
     if r >= 1:
         kinds += list(LASTDIM) + ["transpose", "permute", "slice", "select"]
+    if r >= 2 and x.is_floating_point():
+        kinds.append("batch_norm")
     kinds += ["reshape", "view", "expand", "unsqueeze"]
     if r >= 1:
         kinds.append("matmul")
@@ -897,7 +901,7 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
             dims = draw(st.lists(st.integers(-r, r - 1), min_size=1, max_size=r,
                                  unique_by=lambda d: d % r))
             p = (tuple(dims), draw(st.booleans()))
-    elif kind == "layer_norm":
+    elif kind in ("layer_norm", "batch_norm"):
         p = (draw(st.sampled_from([1e-5, 1e-3])),)
     elif kind == "transpose":
         p = (draw(st.integers(-r, r - 1)), draw(st.integers(-r, r - 1)))
