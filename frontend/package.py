@@ -43,6 +43,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ..compiler import compile_fx
 from ..engine.diag import log
 from ..engine.errors import PackageError
+from ..kinds import registry
 from ..options import Options
 from ..runtime import package as fmt
 from ..runtime import static_launch
@@ -181,8 +182,8 @@ def probe_sizes(ranges: dict[str, list[int | None]], example: dict[str, int],
     every size shares); then each dim alone through odd sizes just past each power
     of two (2**k + 1: a row kernel's block is the row rounded up to one), stopping
     after two in a row that made no new binary (`variants` counts them), at the
-    range's end or at `cap`. Sizes past the last one tried whose kernels want a
-    larger block find no binary, and loading says so."""
+    range's end or at `cap`. A call at sizes past the last one tried whose kernel
+    wants a block no probe made finds no binary and runs that kernel's ATen body."""
     def odd(low: int, high: int | None) -> int | None:
         n = max(low, 3)
         n += 1 - n % 2
@@ -297,7 +298,9 @@ def _kernel(launcher: Launcher, members: dict[str, bytes], tensors: dict[str, to
     if recipe is None or recipe.target not in ("openmp", "triton"):
         raise PackageError(f"{where}: kernel {spec.name} has no recipe to package")
     entry = {"launcher": recipe.launcher, "target": recipe.target,
-             "contract": recipe.contract, "spec": fmt.spec_data(spec)}
+             "contract": recipe.contract, "spec": fmt.spec_data(spec),
+             # what CUDA-graph replay's `auto` counts (runtime/package.py: _replayed)
+             "matrix_products": registry.kind(spec.template).matrix_products}
     body = launcher.fallback
     if isinstance(body, AtenBody):
         try:

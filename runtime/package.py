@@ -22,9 +22,10 @@ AOTAutograd, no rule file, no code generation and no compiler. Nothing in a
 package is unpickled or run as Python: tensors are raw bytes, the wrapper is
 regenerated from data checked against an allow-list. Triton binaries launch
 through torch's static CUDA launcher (runtime/static_launch.py), without Triton;
-a launch the package holds no binary for is an error. Libraries and binaries are
-native code, loaded as they are (as AOTInductor's are): the hashes catch a damaged file,
-not a malicious one, so load only packages you trust. A package is refused, with
+a call the package holds no binary for, or a launch that fails, runs the kernel's
+fused group as ATen calls (a program like the wrapper's). Libraries and binaries are
+native code, loaded as they are (as AOTInductor's are): the hashes catch a damaged
+file, not a malicious one, so load only packages you trust. A package is refused, with
 one PackageError naming the file, when it is truncated, not a package, holds a
 member its manifest does not list or one that is not plain data (a pickle), when
 a member's hash does not match, or when it was made for another torch version,
@@ -318,11 +319,9 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
                                f"{len(data['inputs'])} are described")
         fn, source = Program(data["graph"], where).build(kernels, tensors)
         out_spec = pytree.treespec_loads(data["out_spec"])
-        runner = _replayed(fn, data, mode, manifest)
-        loaded = Loaded(where, manifest, runner or fn, source, data["inputs"],
-                        data["user_inputs"], weights, int(data["user_outputs"]), out_spec)
-        loaded.cudagraphs = runner
-        return loaded
+        return Loaded(where, manifest, fn, source, data["inputs"], data["user_inputs"],
+                      weights, int(data["user_outputs"]), out_spec,
+                      _replayed(fn, data, mode, manifest))
     except PackageError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError,
@@ -348,7 +347,8 @@ def _replayed(fn: Any, data: dict[str, Any], mode: str, manifest: dict[str, Any]
             if any(u in name for u in UNSAFE):
                 return None
             ops[name] = ops.get(name, 0) + 1
-    kernels = [{"matrix_products": False} for k in data.get("kernels", [])]
+    kernels = [{"matrix_products": bool(k.get("matrix_products"))}
+               for k in data.get("kernels", [])]
     if mode == "auto" and auto_declines(ops, kernels) is not None:
         return None
     params = [slot["kind"] != "user" for slot in data["inputs"]]
@@ -396,7 +396,7 @@ def _triton(cls: Any, spec: KernelSpec, entry: dict[str, Any], members: dict[str
     """A Triton kernel's launcher whose every launch runs one of the binaries the
     package holds, launched without Triton: the binary made for this very call, or
     one whose specialization admits it (a dynamic dim's sizes); a call no binary
-    admits is an error (Triton's JIT would compile)."""
+    admits runs `fallback` (NoBinary: never Triton's JIT)."""
     found: dict[str, list[Binary]] = {}
     paths: dict[str, str] = {}
     for b in entry["binaries"]:
@@ -543,9 +543,9 @@ class NoBinary(PackageError, NoLaunch):
 def _no_jit(where: str, symbol: str) -> Callable[[], Any]:
     def load() -> Any:
         raise NoBinary(f"{where}: kernel {symbol} has no binary for this call: its "
-                           "dtypes or alignment differ from the example's, or its sizes "
-                           "from every size the package was built with (a dynamic dim's "
-                           "sizes choose each kernel's block; see docs/packages.md)")
+                       "dtypes or alignment differ from the example's, or its sizes "
+                       "from every size the package was built with (a dynamic dim's "
+                       "sizes choose each kernel's block; see docs/packages.md)")
 
     return load
 
@@ -655,13 +655,14 @@ class Loaded:
 
     def __init__(self, where: str, manifest: dict[str, Any], fn: Any, source: str,
                  inputs: list[dict[str, Any]], user_inputs: list[dict[str, Any]],
-                 weights: dict[str, torch.Tensor], user_outputs: int, out_spec: Any) -> None:
+                 weights: dict[str, torch.Tensor], user_outputs: int, out_spec: Any,
+                 cudagraphs: CudaGraphRunner | None = None) -> None:
         self.path = where
         self.manifest = manifest
-        # runtime/cudagraphs.py's runner when calls are replayed as CUDA graphs
-        self.cudagraphs: CudaGraphRunner | None = None
+        # runtime/cudagraphs.py's runner of `fn` when calls are replayed as CUDA graphs
+        self.cudagraphs = cudagraphs
         self.source = source  # the wrapper, generated from program.json
-        self._fn = fn
+        self._fn = cudagraphs or fn
         self._user = user_inputs
         self._slots = [None if i["kind"] == "user" else weights[i["name"]] for i in inputs]
         self._user_outputs = user_outputs

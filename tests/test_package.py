@@ -378,6 +378,7 @@ def test_a_kernel_that_cannot_launch_runs_its_aten_body(name: str, tmp_path: Pat
     with zipfile.ZipFile(path) as z:
         kernels = json.loads(z.read("program.json"))["kernels"]
     assert kernels and all("aten" in k for k in kernels)
+    assert [k["matrix_products"] for k in kernels] == [False] * len(kernels)  # no matmul kind
     loaded = rewritec.load_package(path)
     launchers = [v for v in loaded._fn.__globals__.values() if isinstance(v, Launcher)]
     assert len(launchers) == len(kernels)
