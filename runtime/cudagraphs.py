@@ -6,7 +6,8 @@ graph records every launch once and replays them with one call.
 
 The runner keeps results exactly as without it:
 - only graphs whose arguments are all CUDA tensors, with no input mutation and
-  no random ops (`eligible`, decided at compile time): inference graphs under
+  no random op outside the default generator (`eligible`, decided at compile
+  time; a replay draws fresh numbers, see RANDOM): inference graphs under
   `auto` and `on`, the forward and backward graphs of training under `on`
   (mode="reduce-overhead");
 - one entry per combination of argument sizes, strides and dtypes, recorded at
@@ -80,10 +81,27 @@ def auto_declines(aten_ops: dict[str, int], kernels: list[dict[str, Any]]) -> st
     return None
 
 
-# FX targets that make a graph ineligible: results would differ between replays
-# (random numbers) or land in the graph's buffers instead of the caller's tensors.
-UNSAFE = ("copy_", "rand", "bernoulli", "dropout", "normal", "uniform", "exponential",
-          "multinomial", "set_", "resize_")
+# FX targets that make a graph ineligible: results would land in the graph's
+# buffers instead of the caller's tensors.
+WRITES = ("copy_", "set_", "resize_")
+# Random ops. A CUDA graph replays them with fresh numbers: recording registers the
+# default CUDA generator with the graph, and each replay reads the generator's seed
+# and advances its offset by what the graph draws, as the ops would run one by one
+# (so `torch.manual_seed` between steps still decides the numbers). Dropout in
+# training is replayed so (`eligible`); an op that draws from a generator of its own
+# (a `generator=` argument), or writes its result in place, is not.
+RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "multinomial")
+# What a loaded package refuses to replay (runtime/package.py): its programs carry
+# op names only.
+UNSAFE = WRITES + RANDOM
+
+
+def _replayable_random(node: torch.fx.Node, name: str) -> bool:
+    """A functional random op drawing from the default generator (see RANDOM)."""
+    schema = getattr(node.target, "_schema", None)
+    return (any(r in name for r in RANDOM) and "randperm" not in name
+            and schema is not None and not schema.is_mutable
+            and node.kwargs.get("generator") is None)
 
 
 def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
@@ -91,7 +109,8 @@ def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
     """None when the graph may be replayed; else why not. Training graphs (forward
     and backward) only with `training` (cudagraphs="on": mode="reduce-overhead").
     A training graph may write into its own inputs (`mutated_inputs`: BatchNorm's
-    running statistics), which a replay does where they are."""
+    running statistics), which a replay does where they are; random ops replay with
+    fresh numbers (RANDOM)."""
     if kind not in ("inference", "forward", "backward") or (
             kind != "inference" and not training):
         return f"a {kind} graph (only inference graphs are replayed under cudagraphs=auto)"
@@ -101,6 +120,8 @@ def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
     for node in gm.graph.nodes:
         if node.op == "call_function" and node not in writes:
             name = getattr(node.target, "__name__", str(node.target))
+            if _replayable_random(node, name):
+                continue
             schema = getattr(node.target, "_schema", None)
             if any(u in name for u in UNSAFE) or (schema is not None and schema.is_mutable):
                 return f"it calls {name}"

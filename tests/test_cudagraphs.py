@@ -5,6 +5,8 @@ The eligibility rules and the option run everywhere; replay itself needs a GPU.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -27,8 +29,20 @@ def test_only_pure_inference_graphs_are_eligible() -> None:
     assert eligible(pure, "inference", aliased_outputs=False) is None
     assert "forward" in eligible(pure, "forward", aliased_outputs=False)
     assert "aliases" in eligible(pure, "inference", aliased_outputs=True)
-    noisy = _graph(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), x)
-    assert eligible(noisy, "inference", aliased_outputs=False) is not None
+    # functional random ops, as AOTAutograd's graphs hold them: fresh per replay
+    noisy = _graph(lambda x: torch.ops.aten.native_dropout(x, 0.5, True)[0]
+                   + torch.bernoulli(x.sigmoid(), 0.5) + torch.rand_like(x), x)
+    assert eligible(noisy, "inference", aliased_outputs=False) is None
+    in_place = _graph(lambda x: torch.empty_like(x).bernoulli_(0.5) * x, x)
+    assert "bernoulli_" in eligible(in_place, "inference", aliased_outputs=False)
+    # a random op with a generator of its own (built by hand: make_fx cannot trace one)
+    graph = torch.fx.Graph()
+    node = graph.placeholder("x")
+    drawn = graph.call_function(torch.ops.aten.rand.generator, ([4, 8],),
+                                {"generator": torch.Generator()})
+    graph.output(graph.call_function(torch.ops.aten.mul.Tensor, (node, drawn)))
+    seeded = SimpleNamespace(graph=graph)  # no code: a Generator has no source form
+    assert "rand" in eligible(seeded, "inference", aliased_outputs=False)
     mutating = _graph(lambda x: x.add_(1.0), x)
     assert eligible(mutating, "inference", aliased_outputs=False) is not None
 
@@ -398,8 +412,9 @@ def test_training_graphs_may_write_their_inputs_where_they_are() -> None:
     assert eligible(gm, "forward", aliased_outputs=False, training=True) is None
     assert eligible(gm, "inference", aliased_outputs=False) is not None
     assert eligible(gm, "forward", aliased_outputs=False) is not None  # auto: no training
-    noisy = _graph(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), torch.randn(4))
-    assert eligible(noisy, "forward", aliased_outputs=False, training=True) is not None
+    noisy = _graph(lambda x: torch.ops.aten.native_dropout(x, 0.5, True)[0], torch.randn(4))
+    assert eligible(noisy, "forward", aliased_outputs=False, training=True) is None
+    assert eligible(noisy, "forward", aliased_outputs=False) is not None
 
 
 class ConvBN(torch.nn.Module):
@@ -495,6 +510,52 @@ def test_a_capture_cuda_invalidates_leaves_random_numbers_and_memory_working() -
     big = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # plain allocator again
     del big
     torch.cuda.synchronize()
+
+
+class DropBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(torch.relu(self.fc(x)), 0.5, training=True) + 1.0
+
+
+@cuda
+def test_dropout_in_training_is_replayed_with_fresh_masks() -> None:
+    """mode="reduce-overhead" replays a training graph with dropout: each step draws
+    a new mask (about half the values dropped, never the previous step's mask), the
+    input's gradient uses the very mask of its step's output, and
+    `torch.manual_seed` before a step decides its mask as it does for replays."""
+    torch.manual_seed(0)
+    model = DropBlock().cuda()
+    compiled = torch.compile(model, backend="rewritec", mode="reduce-overhead")
+    report.reset()
+    x = torch.randn(64, 64, device="cuda").abs() + 0.1
+    masks, seeded = [], {}
+    for step in range(8):
+        if step in (4, 6):
+            torch.manual_seed(123)
+        xg = x.clone().requires_grad_()
+        y = compiled(xg)
+        h = torch.relu(model.fc(x))
+        kept = (y - 1.0) != 0
+        torch.testing.assert_close(torch.where(kept, y - 1.0, 0.0),
+                                   torch.where(kept, h * 2.0, 0.0), rtol=1e-4, atol=1e-4)
+        y.sum().backward()
+        # d(sum)/dx = W^T (mask * 2 * relu'(fc x)): recompute it with this step's mask
+        want = ((kept & (h > 0)).float() * 2.0) @ model.fc.weight
+        torch.testing.assert_close(xg.grad, want, rtol=1e-4, atol=1e-4)
+        assert 0.35 < kept[h > 0].float().mean().item() < 0.65  # relu's zeros aside
+        if masks:
+            assert not torch.equal(kept, masks[-1])
+        masks.append(kept)
+        if step in (4, 6):
+            seeded[step] = kept
+        model.zero_grad(set_to_none=True)
+    assert torch.equal(seeded[4], seeded[6])
+    decided = [r.cudagraphs for r in report.RECORDS if r.kind in ("forward", "backward")]
+    assert decided and all("recorded" in d for d in decided), decided
 
 
 @cuda
