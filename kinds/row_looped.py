@@ -54,7 +54,7 @@ PERSISTENT_ROW_MAX_COLS = 2048
 EVICTION_HINTS = True
 # The last pass walks the chunks in order. Walking them from the last (the chunks
 # read most recently are likelier in L1/L2) was measured on the H200 and dropped: it
-# won 1-5% for some chunk sizes and lost as much for others; at 32K a row is one chunk.
+# won 1-5% for some chunk sizes and lost as much for others.
 
 
 def looped(spec: KernelSpec) -> bool:

@@ -147,12 +147,16 @@ def size_params(spec: KernelSpec) -> list[str]:
 
 
 # Columns per chunk of a looped row kernel (kinds/row_looped.py) when the width
-# is static: the whole row up to 32K (32 values a thread at 32 warps), so a 32K row
-# is one chunk.
-STATIC_LOOPED_BLOCK_C = 32768
-# ... and when it is symbolic, where the loop's trip count is unknown: 8 values a
-# thread at 32 warps. On an H100 (1024 rows of 32K f32, run-time width) a layer_norm
-# ran 0.157 / 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
+# is static, read by 16 warps (runtime/launch.py: LOOPED_ROW_MAX_WARPS). Once the
+# whole row up to 32K was one chunk at 32 warps; on an H100 (do_bench, forward and
+# backward, ms; chunk / warps) chunks of 8K at 16 warps won on the widest rows and
+# tied elsewhere: cross entropy of 4096 x 50257 bf16 logits 3.80 (32K/32) -> 2.63
+# (8K/16), of 8192 x 30522 2.43 -> 2.52; softmax 4096 x 50257 f32 1.72 -> 0.96;
+# layer_norm 1024 x 32768 0.71 -> 0.72 (16K/16: 0.65, 4K/8: 0.66).
+STATIC_LOOPED_BLOCK_C = 8192
+# ... and when it is symbolic, where the loop's trip count is unknown. On an H100
+# (1024 rows of 32K f32, run-time width, 32 warps) a layer_norm ran
+# 0.157 / 0.145 / 0.125 / 0.131 ms in chunks of 2K / 4K / 8K / 16K.
 LOOPED_BLOCK_C = 8192
 
 

@@ -351,7 +351,10 @@ class RowTritonLauncher(TritonLauncher):
         rows = _numel(space) // cols
         block = self.block(cols)
         self.kernel[(rows,)](*tensors, *outs, cols, *space, *g.strides, BLOCK_C=block,
-                             num_warps=row_warps(block))
+                             num_warps=self.warps(block))
+
+    def warps(self, block: int) -> int:
+        return row_warps(block)
 
 
 class LoopedRowTritonLauncher(RowTritonLauncher):
@@ -359,6 +362,12 @@ class LoopedRowTritonLauncher(RowTritonLauncher):
 
     def block(self, cols: int) -> int:
         return chunk(self.spec, block_pow2(cols))
+
+    def warps(self, block: int) -> int:
+        # A chunk is not held across the loop, so it needs no more than 16 warps;
+        # at 32 (one program of 1024 threads per SM) a 50K-wide row ran 30-45% slower
+        # (kinds/spec.py: STATIC_LOOPED_BLOCK_C).
+        return min(LOOPED_ROW_MAX_WARPS, row_warps(block))
 
 
 class MatmulLauncher(Launcher):
@@ -382,6 +391,10 @@ class AttentionLauncher(Launcher):
     def launch(self, *inputs: torch.Tensor) -> Result:
         out = attention_launch(self.spec, self.kernel, inputs)
         return self.fallback(*inputs) if out is None else out
+
+
+# Warps of a looped row kernel's program (LoopedRowTritonLauncher.warps)
+LOOPED_ROW_MAX_WARPS = 16
 
 
 def row_warps(block: int) -> int:
