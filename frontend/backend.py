@@ -87,8 +87,11 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     passes through unchanged is stored in the graph cache under `key`."""
     # the compile side, here: a graph-cache hit (rewritec_backend) loads without it
     from ..compiler import compile_fx
+    from .attention_masks import contiguous_attention_masks
     from .decompositions import decomposition_table, kept_whole
 
+    # torch's fused attention kernels, not its math path (frontend/attention_masks.py)
+    contiguous_attention_masks(gm)
     values = list(example_inputs)
     returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     n_outputs = len(returned) if isinstance(returned, tuple | list) else 1

@@ -1,0 +1,76 @@
+"""Attention masks laid out so that torch's fused attention can take them.
+
+`F.scaled_dot_product_attention` picks its kernel while AOTAutograd traces:
+cuDNN, flash or memory-efficient attention where the inputs allow, else the
+"math" path, which AOTAutograd then writes out as ATen ops (two batched products
+in fp32, a `_safe_softmax` over the full T x T scores, and their backward).
+The fused kernels take a mask only when its last dim is contiguous. A mask built
+by broadcasting (Hugging Face's BERT-style encoders under torch.compile build the
+padding mask by expanding a per-position vector: strides (0, T, 1, 0)) is not,
+and sent every attention of the model down the math path: in a BERT-base
+training step on an H100 that path's fp32 products and softmax took more GPU time
+than the rest of the step's pointwise work together, and Inductor, which gets the
+same graph, pays it too.
+
+`contiguous_attention_masks` rewrites TorchDynamo's graph before AOTAutograd
+traces it: such a mask is copied contiguous first (B x H x T x T booleans or
+values, small beside the scores the math path writes), and the choice falls to a
+fused kernel. The results are the same: the copy holds the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Devices whose fused attention refuses such masks (on the CPU, torch's flash
+# attention takes them as they are)
+FUSED_MASK_DEVICES = ("cuda",)
+
+
+def _attention_mask(node: torch.fx.Node) -> tuple[str | int, torch.fx.Node] | None:
+    """Where an `F.scaled_dot_product_attention` call takes its mask (a kwarg name or
+    a position), when the mask is a graph value."""
+    name = getattr(node.target, "__name__", "")
+    if node.op != "call_function" or name != "scaled_dot_product_attention":
+        return None
+    mask = node.kwargs.get("attn_mask")
+    if isinstance(mask, torch.fx.Node):
+        return "attn_mask", mask
+    if len(node.args) > 3 and isinstance(node.args[3], torch.fx.Node):
+        return 3, node.args[3]
+    return None
+
+
+def _needs_copy(mask: torch.fx.Node) -> bool:
+    value: Any = mask.meta.get("example_value", mask.meta.get("val"))
+    if (not isinstance(value, torch.Tensor) or value.dim() == 0
+            or value.device.type not in FUSED_MASK_DEVICES):
+        return False
+    return value.shape[-1] > 1 and value.stride(-1) != 1
+
+
+def contiguous_attention_masks(gm: torch.fx.GraphModule) -> int:
+    """Copy contiguous each attention mask whose last dim is not (see the module
+    docstring), in place; how many were copied."""
+    copied = 0
+    for node in list(gm.graph.nodes):
+        found = _attention_mask(node)
+        if found is None or not _needs_copy(found[1]):
+            continue
+        where, mask = found
+        with gm.graph.inserting_before(node):
+            dense = gm.graph.call_method("contiguous", (mask,))
+        dense.meta.update({k: v for k, v in mask.meta.items() if k != "example_value"})
+        value = mask.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            dense.meta["example_value"] = value.contiguous()
+        if isinstance(where, str):
+            node.kwargs = {**node.kwargs, where: dense}
+        else:
+            node.args = (*node.args[:where], dense, *node.args[where + 1:])
+        copied += 1
+    if copied:
+        gm.recompile()
+    return copied
