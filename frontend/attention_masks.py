@@ -15,7 +15,8 @@ same graph, pays it too.
 `contiguous_attention_masks` rewrites TorchDynamo's graph before AOTAutograd
 traces it: such a mask is copied contiguous first (B x H x T x T booleans or
 values, small beside the scores the math path writes), and the choice falls to a
-fused kernel. The results are the same: the copy holds the same values.
+fused kernel. The results are the math path's: the copy holds the same values,
+and a query row with every key masked out is zeroed as `_safe_softmax` zeroes it.
 """
 
 from __future__ import annotations
@@ -53,24 +54,38 @@ def _needs_copy(mask: torch.fx.Node) -> bool:
 
 def contiguous_attention_masks(gm: torch.fx.GraphModule) -> int:
     """Copy contiguous each attention mask whose last dim is not (see the module
-    docstring), in place; how many were copied."""
+    docstring), in place; how many were copied.
+
+    Where the math path would have run, a query whose keys are all masked out gets
+    zeros (its `_safe_softmax`), while the fused kernels give it other values; so
+    each rewritten call zeroes those rows itself: `where(any(mask over keys), out,
+    0)` (a bool mask; for an additive one, any key above -inf), which is also the
+    math path's gradient (none flows from such a row)."""
     copied = 0
-    for node in list(gm.graph.nodes):
+    graph = gm.graph
+    for node in list(graph.nodes):
         found = _attention_mask(node)
         if found is None or not _needs_copy(found[1]):
             continue
         where, mask = found
-        with gm.graph.inserting_before(node):
-            dense = gm.graph.call_method("contiguous", (mask,))
-        dense.meta.update({k: v for k, v in mask.meta.items() if k != "example_value"})
-        value = mask.meta.get("example_value")
-        if isinstance(value, torch.Tensor):
-            dense.meta["example_value"] = value.contiguous()
+        value = mask.meta.get("example_value", mask.meta.get("val"))
+        with graph.inserting_before(node):
+            dense = graph.call_method("contiguous", (mask,))
         if isinstance(where, str):
             node.kwargs = {**node.kwargs, where: dense}
         else:
             node.args = (*node.args[:where], dense, *node.args[where + 1:])
+        users = list(node.users)
+        with graph.inserting_before(node):
+            attends = (dense if value.dtype == torch.bool
+                       else graph.call_function(torch.ne, (dense, float("-inf"))))
+            alive = graph.call_method("any", (attends, -1), {"keepdim": True})
+        with graph.inserting_after(node):
+            out = graph.call_function(torch.where, (alive, node, 0.0))
+        for user in users:
+            user.replace_input_with(node, out)
         copied += 1
     if copied:
+        graph.lint()
         gm.recompile()
     return copied

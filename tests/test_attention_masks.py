@@ -13,9 +13,19 @@ from rewritec.frontend import attention_masks
 
 
 def _padding_mask(pad: torch.Tensor, t: int) -> torch.Tensor:
-    """A BERT-style mask built by broadcasting: strides (0, T, 1, 0) like Hugging
-    Face's under torch.compile."""
+    """A mask built by broadcasting, whose last dim has stride 0 as Hugging Face's
+    BERT-style masks have under torch.compile; it masks out whole query rows, which
+    the math path zeroes (`pad` bool: a bool mask; float: an additive one)."""
     return pad[:, None, :, None].expand(pad.shape[0], 1, t, t)
+
+
+def _pads(n: int, t: int, additive: bool, device: str = "cpu") -> torch.Tensor:
+    pad = torch.rand(n, t, device=device) > 0.3
+    pad[:, 0] = True
+    pad[:, 1] = False  # a fully masked query row in every sequence
+    if additive:
+        return torch.where(pad, 0.0, float("-inf"))
+    return pad
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor,
@@ -64,13 +74,13 @@ def test_not_on_the_cpu_by_default() -> None:
     assert counts == [0, 0]
 
 
+@pytest.mark.parametrize("additive", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masked_attention_trains_like_eager(monkeypatch, dtype) -> None:
-    """Copied or not, results and gradients equal eager's (every row keeps a key)."""
+def test_masked_attention_trains_like_eager(monkeypatch, dtype, additive) -> None:
+    """Copied, results and gradients equal eager's, fully masked rows included."""
     monkeypatch.setattr(attention_masks, "FUSED_MASK_DEVICES", ("cpu",))
     torch.manual_seed(0)
-    pad = torch.rand(2, 12) > 0.3
-    pad[:, 0] = True
+    pad = _pads(2, 12, additive).to(dtype if additive else torch.bool)
     base = [torch.randn(2, 4, 12, 16, dtype=dtype) for _ in range(3)]
     mine = [t.clone().requires_grad_() for t in base]
     ref = [t.clone().requires_grad_() for t in base]
@@ -85,13 +95,14 @@ def test_masked_attention_trains_like_eager(monkeypatch, dtype) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("additive", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_on_cuda_a_padding_mask_runs_fused_attention(dtype) -> None:
+def test_on_cuda_a_padding_mask_runs_fused_attention(dtype, additive) -> None:
     """The graphs call torch's fused attention (no batched products of the math
-    path), forward and backward, with eager's results."""
+    path), forward and backward, with eager's results (eager runs the math path on
+    this mask), fully masked rows included."""
     torch.manual_seed(0)
-    pad = torch.rand(4, 128, device="cuda") > 0.2
-    pad[:, 0] = True
+    pad = _pads(4, 128, additive, "cuda").to(dtype if additive else torch.bool)
     base = [torch.randn(4, 8, 128, 64, device="cuda", dtype=dtype) for _ in range(3)]
     mine = [t.clone().requires_grad_() for t in base]
     ref = [t.clone().requires_grad_() for t in base]
