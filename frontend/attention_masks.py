@@ -69,6 +69,7 @@ def contiguous_attention_masks(gm: torch.fx.GraphModule) -> int:
             continue
         where, mask = found
         value = mask.meta.get("example_value", mask.meta.get("val"))
+        assert isinstance(value, torch.Tensor)  # _needs_copy saw it
         with graph.inserting_before(node):
             dense = graph.call_method("contiguous", (mask,))
         if isinstance(where, str):
