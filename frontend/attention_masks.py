@@ -7,16 +7,16 @@ in fp32, a `_safe_softmax` over the full T x T scores, and their backward).
 The fused kernels take a mask only when its last dim is contiguous. A mask built
 by broadcasting (Hugging Face's BERT-style encoders under torch.compile build the
 padding mask by expanding a per-position vector: strides (0, T, 1, 0)) is not,
-and sent every attention of the model down the math path: in a BERT-base
-training step on an H100 that path's fp32 products and softmax took more GPU time
-than the rest of the step's pointwise work together, and Inductor, which gets the
-same graph, pays it too.
+and sent every attention of the model down the math path: a BERT-base training
+step on an H100 took 22.5 ms of GPU time with it, 12.9 with fused attention
+(eager: 14.7), and Inductor, which gets the same graph, pays it too.
 
-`contiguous_attention_masks` rewrites TorchDynamo's graph before AOTAutograd
-traces it: such a mask is copied contiguous first (B x H x T x T booleans or
-values, small beside the scores the math path writes), and the choice falls to a
-fused kernel. The results are the math path's: the copy holds the same values,
-and a query row with every key masked out is zeroed as `_safe_softmax` zeroes it.
+`contiguous_attention_masks` rewrites TorchDynamo's graph (or an exported
+program's, frontend/export.py) before AOTAutograd traces it: such a mask is copied
+contiguous first (B x H x T x T booleans or values, small beside the scores the math
+path writes), and the choice falls to a fused kernel. The results are the math
+path's: the copy holds the same values, and a query row with every key masked out is
+zeroed as `_safe_softmax` zeroes it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 # Devices whose fused attention refuses such masks (on the CPU, torch's flash
 # attention takes them as they are)
@@ -33,8 +34,9 @@ FUSED_MASK_DEVICES = ("cuda",)
 def _attention_mask(node: torch.fx.Node) -> tuple[str | int, torch.fx.Node] | None:
     """Where an `F.scaled_dot_product_attention` call takes its mask (a kwarg name or
     a position), when the mask is a graph value."""
-    name = getattr(node.target, "__name__", "")
-    if node.op != "call_function" or name != "scaled_dot_product_attention":
+    name = getattr(node.target, "__name__", "")  # F's, or ATen's (an exported graph)
+    if node.op != "call_function" or name not in ("scaled_dot_product_attention",
+                                                  "scaled_dot_product_attention.default"):
         return None
     mask = node.kwargs.get("attn_mask")
     if isinstance(mask, torch.fx.Node):
@@ -49,7 +51,9 @@ def _needs_copy(mask: torch.fx.Node) -> bool:
     if (not isinstance(value, torch.Tensor) or value.dim() == 0
             or value.device.type not in FUSED_MASK_DEVICES):
         return False
-    return value.shape[-1] > 1 and value.stride(-1) != 1
+    # a symbolic size or stride (a dynamic export) counts only where known
+    return bool(statically_known_true(value.shape[-1] > 1)
+                and statically_known_true(value.stride(-1) != 1))
 
 
 def contiguous_attention_masks(gm: torch.fx.GraphModule) -> int:

@@ -23,6 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ..compiler import compile_fx
 from ..engine.errors import RewritecError
 from ..options import Options
+from .attention_masks import contiguous_attention_masks
 from .decompositions import decomposition_table, kept_whole
 
 
@@ -96,6 +97,7 @@ def _compile_inference(gm: torch.fx.GraphModule, args: list[Any], opts: Options,
     def no_backward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         raise AssertionError("an exported program compiles for inference only")
 
+    contiguous_attention_masks(gm)  # as Dynamo's graphs (frontend/attention_masks.py)
     with torch.no_grad():
         return aot_module_simplified(gm, args, fw_compiler=no_backward,
                                      bw_compiler=no_backward, inference_compiler=inference,

@@ -53,6 +53,7 @@ from ..runtime.launch import Launcher
 from ..runtime.prepare import AtenBody
 from ..runtime.program import NotPackable, encode, encode_body
 from .decompositions import decomposition_table, kept_whole
+from .attention_masks import contiguous_attention_masks
 from .export import export_program, lifted_inputs
 
 
@@ -110,6 +111,7 @@ def _compile(ep: torch.export.ExportedProgram, inputs: tuple[Any, ...], opts: Op
     def no_backward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         raise AssertionError("an exported program compiles for inference only")
 
+    contiguous_attention_masks(ep.graph_module)  # as compiled graphs' (same values)
     with torch.no_grad(), tracing(TracingContext(None)):
         compiled = aot_module_simplified(ep.graph_module, args, fw_compiler=no_backward,
                                          bw_compiler=no_backward, inference_compiler=inference,

@@ -116,3 +116,44 @@ def test_on_cuda_a_padding_mask_runs_fused_attention(dtype, additive) -> None:
         torch.testing.assert_close(a.grad, b.grad, rtol=3e-2, atol=3e-2)
     ops = {op for r in report.RECORDS for op in r.fallback_ops}
     assert "bmm" not in ops and any("scaled_dot_product" in op for op in ops), ops
+
+
+class _Masked(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                pad: torch.Tensor) -> torch.Tensor:
+        return _attend(q, k, v, pad, False)
+
+
+def test_the_export_path_copies_the_mask_too(monkeypatch) -> None:
+    """An exported program's graph gets the same rewrite (frontend/export.py), with
+    eager's results, fully masked rows included."""
+    from rewritec.frontend.export import export_and_compile
+    from rewritec.options import Options
+
+    monkeypatch.setattr(attention_masks, "FUSED_MASK_DEVICES", ("cpu",))
+    seen = []
+    real = attention_masks.contiguous_attention_masks
+    monkeypatch.setattr("rewritec.frontend.export.contiguous_attention_masks",
+                        lambda gm: seen.append(real(gm)) or seen[-1])
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 12, 16) for _ in range(3))
+    pad = _pads(2, 12, False)
+    got = export_and_compile(_Masked(), (q, k, v, pad), Options.make())(q, k, v, pad)
+    torch.testing.assert_close(got, _attend(q, k, v, pad, False))
+    assert seen == [1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_export_path_runs_fused_attention() -> None:
+    from rewritec.frontend.export import export_and_compile
+    from rewritec.options import Options
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 8, 128, 64, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    pad = _pads(4, 128, False, "cuda")
+    report.reset()
+    got = export_and_compile(_Masked(), (q, k, v, pad), Options.make())(q, k, v, pad)
+    torch.testing.assert_close(got, _attend(q, k, v, pad, False), rtol=2e-2, atol=2e-2)
+    ops = {op for r in report.RECORDS for op in r.fallback_ops}
+    assert "bmm" not in ops and any("scaled_dot_product" in op for op in ops), ops
