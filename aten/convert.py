@@ -142,6 +142,9 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         term = _table_term(node, target, env, store, bridge, meta, nonce)
         if term is not None:
             return term
+        term = _cat_of_one(node, env, store, bridge, meta)
+        if term is not None:
+            return term
         return _generic(node, "aten", target, env, store, meta, nonce)
     if callable(target):
         label = getattr(target, "__name__", type(target).__name__)
@@ -149,6 +152,36 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         nonce = (("nonce", node.name),) if isinstance(target, Region) else ()
         return _generic(node, "call", Opaque(target, label), env, store, meta, nonce)
     raise Unsupported(f"call target {target!r}")
+
+
+def _cat_of_one(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: TermStore,
+                bridge: Bridge, meta: Any) -> Term | None:
+    """`cat` of one tensor and "legacy" empty ones (1-d, no elements: cat skips
+    them) as the op table's contiguous `clone` of that tensor, which the fuse rules
+    turn into a copy kernel with its producers. Hugging Face's key-value cache starts
+    as such an empty tensor, so each layer's first `cat` onto it is a copy, which
+    ATen's cat ran at a fraction of copy bandwidth (the cached keys arrive as a
+    strided view of the projection): 0.95 ms of GPT-2's 5.8 ms inference step on an
+    H100, 24 times a step."""
+    if node.target is not torch.ops.aten.cat.default or "clone" not in bridge.table.ops \
+            or not isinstance(node.args[0], list | tuple):
+        return None
+    values = [(n, n.meta.get("val")) if isinstance(n, torch.fx.Node) else (n, None)
+              for n in node.args[0]]
+    if any(not isinstance(v, torch.Tensor) for _, v in values):
+        return None
+    kept = [(n, v) for n, v in values if not (v.dim() == 1 and v.shape[0] == 0)]
+    out = node.meta.get("val")
+    if len(kept) != 1 or len(values) < 2 or not isinstance(out, torch.Tensor):
+        return None
+    one, value = kept[0]
+    if not all(isinstance(d, int) for d in (*out.shape, *value.shape)):
+        return None  # symbolic sizes: left to ATen
+    if (out.dtype != value.dtype or out.device != value.device
+            or out.shape != value.shape or not out.is_contiguous()):
+        return None
+    return store.make("clone", (env[one],), (("memory_format", torch.contiguous_format),),
+                      meta)
 
 
 def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
