@@ -166,10 +166,12 @@ def _cat_of_one(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Term
     if node.target is not torch.ops.aten.cat.default or "clone" not in bridge.table.ops \
             or not isinstance(node.args[0], list | tuple):
         return None
-    values = [(n, n.meta.get("val")) if isinstance(n, torch.fx.Node) else (n, None)
-              for n in node.args[0]]
-    if any(not isinstance(v, torch.Tensor) for _, v in values):
-        return None
+    values: list[tuple[torch.fx.Node, torch.Tensor]] = []
+    for n in node.args[0]:
+        value = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        if not isinstance(n, torch.fx.Node) or not isinstance(value, torch.Tensor):
+            return None
+        values.append((n, value))
     kept = [(n, v) for n, v in values if not (v.dim() == 1 and v.shape[0] == 0)]
     out = node.meta.get("val")
     if len(kept) != 1 or len(values) < 2 or not isinstance(out, torch.Tensor):
