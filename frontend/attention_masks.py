@@ -46,14 +46,18 @@ def _attention_mask(node: torch.fx.Node) -> tuple[str | int, torch.fx.Node] | No
     return None
 
 
-def _needs_copy(mask: torch.fx.Node) -> bool:
+def _copied_value(mask: torch.fx.Node) -> torch.Tensor | None:
+    """The mask's traced value when it is to be copied: on a device of
+    FUSED_MASK_DEVICES, its last dim neither contiguous nor of size 1."""
     value: Any = mask.meta.get("example_value", mask.meta.get("val"))
     if (not isinstance(value, torch.Tensor) or value.dim() == 0
             or value.device.type not in FUSED_MASK_DEVICES):
-        return False
+        return None
     # a symbolic size or stride (a dynamic export) counts only where known
-    return bool(statically_known_true(value.shape[-1] > 1)
-                and statically_known_true(value.stride(-1) != 1))
+    if statically_known_true(value.shape[-1] > 1) and statically_known_true(
+            value.stride(-1) != 1):
+        return value
+    return None
 
 
 def contiguous_attention_masks(gm: torch.fx.GraphModule) -> int:
@@ -69,22 +73,20 @@ def contiguous_attention_masks(gm: torch.fx.GraphModule) -> int:
     graph = gm.graph
     for node in list(graph.nodes):
         found = _attention_mask(node)
-        if found is None or not _needs_copy(found[1]):
+        value = None if found is None else _copied_value(found[1])
+        if found is None or value is None:
             continue
         where, mask = found
-        value = mask.meta.get("example_value", mask.meta.get("val"))
-        assert isinstance(value, torch.Tensor)  # _needs_copy saw it
         with graph.inserting_before(node):
             dense = graph.call_method("contiguous", (mask,))
+            attends = (dense if value.dtype == torch.bool
+                       else graph.call_function(torch.ne, (dense, float("-inf"))))
+            alive = graph.call_method("any", (attends, -1), {"keepdim": True})
         if isinstance(where, str):
             node.kwargs = {**node.kwargs, where: dense}
         else:
             node.args = (*node.args[:where], dense, *node.args[where + 1:])
         users = list(node.users)
-        with graph.inserting_before(node):
-            attends = (dense if value.dtype == torch.bool
-                       else graph.call_function(torch.ne, (dense, float("-inf"))))
-            alive = graph.call_method("any", (attends, -1), {"keepdim": True})
         with graph.inserting_after(node):
             out = graph.call_function(torch.where, (alive, node, 0.0))
         for user in users:

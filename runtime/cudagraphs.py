@@ -96,12 +96,12 @@ RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "m
 UNSAFE = WRITES + RANDOM
 
 
-def _replayable_random(node: torch.fx.Node, name: str) -> bool:
-    """A functional random op drawing from the default generator (see RANDOM)."""
-    schema = getattr(node.target, "_schema", None)
-    return (any(r in name for r in RANDOM) and "randperm" not in name
-            and schema is not None and not schema.is_mutable
-            and node.kwargs.get("generator") is None)
+def _refused_random(node: torch.fx.Node, name: str) -> bool:
+    """A random op a replay cannot draw afresh (see RANDOM): one with a generator of
+    its own, one without a schema to tell, and randperm."""
+    return any(r in name for r in RANDOM) and (
+        "randperm" in name or getattr(node.target, "_schema", None) is None
+        or node.kwargs.get("generator") is not None)
 
 
 def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
@@ -120,10 +120,9 @@ def eligible(gm: torch.fx.GraphModule, kind: str, aliased_outputs: bool,
     for node in gm.graph.nodes:
         if node.op == "call_function" and node not in writes:
             name = getattr(node.target, "__name__", str(node.target))
-            if _replayable_random(node, name):
-                continue
             schema = getattr(node.target, "_schema", None)
-            if any(u in name for u in UNSAFE) or (schema is not None and schema.is_mutable):
+            if (any(w in name for w in WRITES) or _refused_random(node, name)
+                    or (schema is not None and schema.is_mutable)):
                 return f"it calls {name}"
     return None
 
