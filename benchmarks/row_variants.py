@@ -60,7 +60,8 @@ for _chunk, _w in ((2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16), (81
                    (16384, 32), (32768, 32)):
     VARIANTS[f"looped {_chunk}/{_w}"] = {
         "row_looped.PERSISTENT_ROW_MAX_COLS": 1024,
-        "spec.STATIC_LOOPED_BLOCK_C": _chunk, "launch.row_warps": _warps(_w)}
+        "spec.STATIC_LOOPED_BLOCK_C": _chunk, "spec.STATIC_WHOLE_ROW_C": 0,
+        "launch.row_warps": _warps(_w)}
 
 def main() -> None:
     import triton.testing

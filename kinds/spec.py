@@ -147,12 +147,15 @@ def size_params(spec: KernelSpec) -> list[str]:
 
 
 # Columns per chunk of a looped row kernel (kinds/row_looped.py) when the width
-# is static, read by 16 warps (runtime/launch.py: LOOPED_ROW_MAX_WARPS). Once the
-# whole row up to 32K was one chunk at 32 warps; on an H100 (do_bench, forward and
-# backward, ms; chunk / warps) chunks of 8K at 16 warps won on the widest rows and
-# tied elsewhere: cross entropy of 4096 x 50257 bf16 logits 3.80 (32K/32) -> 2.63
-# (8K/16), of 8192 x 30522 2.43 -> 2.52; softmax 4096 x 50257 f32 1.72 -> 0.96;
-# layer_norm 1024 x 32768 0.71 -> 0.72 (16K/16: 0.65, 4K/8: 0.66).
+# is static: the whole row while it fits STATIC_WHOLE_ROW_C columns (read by 32
+# warps, runtime/launch.py: row_warps), else chunks of STATIC_LOOPED_BLOCK_C read by
+# 16 (LOOPED_ROW_MAX_WARPS). On an H100 (do_bench, ms; Inductor beside; chunk /
+# warps): rows of 32K f32 forward, layer_norm 0.101 (whole/32) against 0.121
+# (8K/16) and Inductor's 0.102, rms_norm 0.097 / 0.112 / 0.097, softmax 0.099 /
+# 0.112 / 0.122; 2048 x 16K layer_norm 0.097 / 0.115 / 0.098; but 50K-wide rows
+# want chunks: softmax of 4096 x 50257 f32 0.96 (8K/16) against 1.68 (32K/32),
+# cross entropy of 4096 x 50257 bf16 logits, forward and backward, 2.63 / 3.78.
+STATIC_WHOLE_ROW_C = 32768
 STATIC_LOOPED_BLOCK_C = 8192
 # ... and when it is symbolic, where the loop's trip count is unknown. On an H100
 # (1024 rows of 32K f32, run-time width, 32 warps) a layer_norm ran
@@ -162,8 +165,9 @@ LOOPED_BLOCK_C = 8192
 
 def chunk(spec: KernelSpec, block: int) -> int:
     """BLOCK_C of a looped kernel whose row fits a power-of-two block of `block`."""
-    static = static_width(spec) is not None
-    return min(block, STATIC_LOOPED_BLOCK_C if static else LOOPED_BLOCK_C)
+    if static_width(spec) is None:
+        return min(block, LOOPED_BLOCK_C)
+    return block if block <= STATIC_WHOLE_ROW_C else min(block, STATIC_LOOPED_BLOCK_C)
 
 
 def stride_params(spec: KernelSpec) -> list[str]:

@@ -23,6 +23,7 @@ import torch
 
 from ..aten.dtypes import TORCH_DTYPES
 from ..engine.diag import user_stacklevel
+from ..kinds import spec as kind_spec
 from ..kinds.spec import GEOMETRY_CACHE, KernelSpec, block_pow2, broadcast_sizes, chunk
 from .attention_launch import attention_launch
 from .matmul_launch import matmul_launch_args
@@ -364,9 +365,13 @@ class LoopedRowTritonLauncher(RowTritonLauncher):
         return chunk(self.spec, block_pow2(cols))
 
     def warps(self, block: int) -> int:
-        # A chunk is not held across the loop, so it needs no more than 16 warps;
-        # at 32 (one program of 1024 threads per SM) a 50K-wide row ran 30-45% slower
-        # (kinds/spec.py: STATIC_LOOPED_BLOCK_C).
+        # A whole row of 16K-32K columns is read fastest by 32 warps; a chunk of 8K or
+        # less (a 50K-wide row's, or a whole 8K row) by no more than 16: at 32, one
+        # program of 1024 threads per SM, a 50K-wide row ran 30-45% slower and a
+        # 4096 x 8192 bf16 layer_norm 0.071 against 0.060 ms on an H100
+        # (kinds/spec.py: STATIC_WHOLE_ROW_C).
+        if block > kind_spec.STATIC_LOOPED_BLOCK_C:
+            return row_warps(block)
         return min(LOOPED_ROW_MAX_WARPS, row_warps(block))
 
 

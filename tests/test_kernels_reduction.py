@@ -295,6 +295,7 @@ def narrow_rows_loop(monkeypatch) -> None:
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
     monkeypatch.setattr(spec_mod, "LOOPED_BLOCK_C", 64)
     monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(spec_mod, "STATIC_WHOLE_ROW_C", 32)
 
 
 ROW_FUNCS = [softmax, log_softmax, layer_norm, rms_norm, row_sum, col_sum]
@@ -412,6 +413,7 @@ def test_looped_chunk_static_and_symbolic(monkeypatch, cols: int, blocks: tuple)
     one over LOOPED_BLOCK_C (kinds/spec.py: chunk)."""
     monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
     monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 512)
+    monkeypatch.setattr(spec_mod, "STATIC_WHOLE_ROW_C", 64)
     monkeypatch.setattr(spec_mod, "LOOPED_BLOCK_C", 64)
     seen = []
     real = spec_mod.chunk
@@ -424,6 +426,27 @@ def test_looped_chunk_static_and_symbolic(monkeypatch, cols: int, blocks: tuple)
     f = rewritec.compile(rms_norm, target="triton", strict=True, dynamic=True)
     torch.testing.assert_close(f(x, w), rms_norm(x, w), rtol=1e-4, atol=1e-4)
     assert seen[-1] == blocks[1]
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("cols, block, warps", [(300, 512, 2), (600, 64, 1)])
+def test_static_row_within_whole_row_limit_is_one_chunk(monkeypatch, cols: int, block: int,
+                                                         warps: int) -> None:
+    """A static row up to STATIC_WHOLE_ROW_C columns is read as one chunk, by the warps
+    of a persistent row; a wider one in chunks of STATIC_LOOPED_BLOCK_C, by at most
+    LOOPED_ROW_MAX_WARPS (kinds/spec.py: chunk, runtime/launch.py)."""
+    monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
+    monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 64)
+    monkeypatch.setattr(spec_mod, "STATIC_WHOLE_ROW_C", 512)
+    monkeypatch.setattr(launch, "row_warps", lambda b: max(1, b // 256))
+    monkeypatch.setattr(launch, "LOOPED_ROW_MAX_WARPS", 1)
+    seen = []
+    real = launch.LoopedRowTritonLauncher.warps
+    monkeypatch.setattr(launch.LoopedRowTritonLauncher, "warps",
+                        lambda self, b: seen.append((b, real(self, b))) or seen[-1][1])
+    x, w = torch.randn(3, cols), torch.randn(cols)
+    _run(rms_norm, "triton", x, w, template="row_looped")
+    assert seen[-1] == (block, warps)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
