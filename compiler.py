@@ -141,6 +141,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         guarded = fn
         fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec, pool,
                                region_calls(parts.get("regional")))
+        _report_output_strides(kind, parts.get("output_strides"))
         # a compiled region lives in this process only: the graph cache cannot hold it
         if keep is not None and not parts["kernel_fallbacks"] and "regional" not in parts:
             keep(Artifact(name=name, source=parts["lowered"].source,
@@ -157,6 +158,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         runs = parts.get("regional", gm)  # its compiled regions, if it got that far
         rec.fallback_ops = fx_ops(runs)
         fn = _boxed(runs.forward)
+        _report_output_strides(kind, None)
     rec.compile_seconds = time.perf_counter() - start
     if opts.out_dir:
         if "captured" not in rec.files:  # it fell back before writing: the graph it runs
@@ -261,6 +263,45 @@ def launched(rec: report.GraphRecord, regions: list[Region]
         ops.update(region.record.fallback_ops)
         kernels += region.record.kernels
     return dict(ops), kernels
+
+
+def _saved_outputs(kind: str, gm: torch.fx.GraphModule) -> frozenset[int]:
+    """The positions of a training forward graph's results that only its backward
+    reads (AOTAutograd's saved tensors): the layout phase may leave those in the
+    layout they were made in (passes/layout.py). None for other graphs, for a graph
+    compiled in regions, or when AOTAutograd does not say."""
+    if kind != "forward" or has_regions(gm):
+        return frozenset()
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    results = output.args[0]
+    count = len(results) if isinstance(results, tuple | list) else 1
+    try:
+        saved = meta.tensors_saved_for_backwards_slice  # type: ignore[union-attr]
+        positions = range(*saved.indices(count))
+    except Exception:  # noqa: BLE001 - another torch, or no metadata: keep every layout
+        return frozenset()
+    if getattr(ctx, "output_strides", None) is None:
+        return frozenset()  # no one to tell the strides to: eager's layouts it is
+    return frozenset(positions)
+
+
+def _report_output_strides(kind: str, strides: list[tuple[int, ...] | None] | None) -> None:
+    """Tell AOTAutograd the strides of a forward graph's results, so the backward
+    graph is traced over saved activations as this graph lays them out (what
+    Inductor reports after its layout optimization). `strides` None: the graph
+    returns eager's layouts, and AOTAutograd is told nothing."""
+    if kind != "forward" or strides is None:
+        return
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    reported = getattr(ctx, "output_strides", None)
+    if reported is not None and not reported:
+        reported.extend(strides)
 
 
 def _user_outputs(kind: str) -> int | None:
@@ -412,7 +453,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                               can_compile=compilable(target, bridge.table), spaces=SPACES,
                               variants=variants_for(target, conv.store),
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
-                                                    bridge, rec.layout, parts["steps"]),
+                                                    bridge, rec.layout, parts["steps"],
+                                                    _saved_outputs(rec.kind, captured),
+                                                    replayed=opts.cudagraphs == "on"),
                               trace=trace)
         graph = result.graph
         rec.rules_fired.update(result.fired)
@@ -423,6 +466,11 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
             for line in ["final graph", *dump_graph(graph).splitlines()]:
                 _log.debug("%s: %s", name, line)
     rec.nodes_out = len(graph.terms())
+    if rec.layout.get("saved_in_new_layout"):
+        parts["output_strides"] = [
+            tuple(o.meta.strides) if o is not None and o.meta.kind == "tensor"
+            and all(isinstance(x, int) for x in o.meta.strides) else None
+            for o in graph.outputs]
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     prepared = _prepare(graph, conv.store, opts, name, rec, bridge, parts)
     launchers: dict[Any, Any] = {}

@@ -89,6 +89,7 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     from ..compiler import compile_fx
     from .attention_masks import contiguous_attention_masks
     from .decompositions import decomposition_table, kept_whole
+    from .saved_layouts import follow_saved_layouts
 
     # torch's fused attention kernels, not its math path (frontend/attention_masks.py)
     contiguous_attention_masks(gm)
@@ -115,6 +116,8 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
                           param_values=values if aligned else None, keep=keep)
 
     def backward(bw_gm: torch.fx.GraphModule, bw_inputs: list[Any]) -> Any:
+        # saved activations may come in the forward's layouts (frontend/saved_layouts.py)
+        follow_saved_layouts(bw_gm, bw_inputs)
         return compile_fx(bw_gm, bw_inputs, opts, kind="backward", pool=pool)
 
     compilers = {"fw_compiler": forward, "bw_compiler": backward,

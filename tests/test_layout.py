@@ -230,14 +230,107 @@ def test_training_forward_backward(target: str) -> None:
         out_c.backward(grad)
         out_e.backward(grad)
     torch.testing.assert_close(xc.grad, xe.grad, **tol(x.dtype))
+    assert xc.grad.stride() == xe.grad.stride()
     for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(pc.grad, pe.grad, **tol(x.dtype), msg=name)
+        assert pc.grad.stride() == pe.grad.stride(), name
     for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
         torch.testing.assert_close(bc, be, **tol(x.dtype))
     forward = [r.layout for r in report.RECORDS if r.kind == "forward"]
     assert forward and forward[0]["conv_layout"] == "channels_last"
     # weights are parameters here, not constants: converted on every call
     assert forward[0]["weights_converted_per_call"] == 2
+    # the activations the backward reads stay NHWC (frontend/saved_layouts.py)
+    assert forward[0]["saved_in_new_layout"] >= 2
+    assert forward[0]["outputs_restrided"] == 1  # the block's result, which the caller sees
+
+
+class SmallCnn(nn.Module):
+    """Two convolution blocks, a residual, pooling and a classifier: the backward
+    reads saved NHWC activations through batch norm, relu and convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = ConvBnReLU(3, 8, bias=True)
+        self.block = BasicBlock(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.block(self.stem(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(4, 3, 12, 12), (3, 3, 7, 9)])
+def test_training_steps_with_saved_nhwc_activations(target: str, shape: tuple[int, ...]
+                                                    ) -> None:
+    """Several training steps: loss, every gradient (values and strides) and the
+    batch-norm running statistics equal eager's, with the saved activations NHWC."""
+    torch.manual_seed(1)
+    m, eager = SmallCnn().train(), SmallCnn().train()
+    eager.load_state_dict(m.state_dict())
+    compiled = _compile(m, target)
+    with no_fallback(("forward", "backward")):
+        for _ in range(3):
+            x = torch.randn(*shape)
+            m.zero_grad()
+            eager.zero_grad()
+            loss_c = compiled(x).square().mean()
+            loss_e = eager(x).square().mean()
+            torch.testing.assert_close(loss_c, loss_e, **tol(x.dtype))
+            loss_c.backward()
+            loss_e.backward()
+            for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(pc.grad, pe.grad, **tol(x.dtype), msg=name)
+                assert pc.grad.stride() == pe.grad.stride(), name
+            for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
+                torch.testing.assert_close(bc, be, **tol(x.dtype))
+    forward = [r.layout for r in report.RECORDS if r.kind == "forward"]
+    assert forward[0]["saved_in_new_layout"] >= 3
+
+
+def test_auto_converts_training_forward_only_when_replayed() -> None:
+    """Without CUDA-graph replay a training step is host-bound, and ATen's NHWC
+    convolutions cost more host time a call: `auto` leaves that forward alone."""
+    from rewritec.passes.layout import relayout_for
+
+    saved = frozenset({1, 2})
+    args: Any = (None, None, {})
+    assert relayout_for("auto", "forward", *args, free_outputs=saved) is None
+    assert relayout_for("auto", "forward", *args, free_outputs=frozenset(), replayed=True) is None
+    assert relayout_for("auto", "forward", *args, free_outputs=saved, replayed=True) is not None
+    assert relayout_for("auto", "backward", *args, free_outputs=saved, replayed=True) is None
+    assert relayout_for("channels_last", "forward", *args) is not None
+
+
+def test_follow_saved_layouts_propagates_and_restores_results() -> None:
+    """A backward graph's inputs arriving NHWC: metadata follows them, and a result
+    whose layout changed gets eager's back (an NCHW gradient)."""
+    from rewritec.frontend.saved_layouts import follow_saved_layouts
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def bw(saved: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.aten.threshold_backward.default(grad, saved, 0), saved.sum((0, 2, 3))
+
+    mode = FakeTensorMode()
+    with mode:
+        saved, grad = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    gm = make_fx(bw, tracing_mode="fake")(saved, grad)
+    with mode:
+        nhwc = saved.contiguous(memory_format=torch.channels_last)
+    assert not follow_saved_layouts(gm, [saved, grad])  # nothing differs: untouched
+    assert follow_saved_layouts(gm, [nhwc, grad])
+    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert placeholder.meta["val"].stride() == nhwc.stride()
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert all(o.meta["val"].is_contiguous() for o in outs)
+    x = torch.randn(2, 3, 4, 5)
+    g = torch.randn(2, 3, 4, 5)
+    got = gm(x.contiguous(memory_format=torch.channels_last), g)
+    want = bw(x, g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+        assert a.stride() == b.stride()
 
 
 # --------------------------------------------------------------------------- off
@@ -322,3 +415,47 @@ def test_launch_outputs_get_torch_contiguous_strides(shape) -> None:
     assert dense_strides(shape) == torch.empty(shape).stride()
     out = empty_strided(shape, dense_strides(shape), torch.float16, torch.device("cpu"))
     assert out.shape == shape and out.is_contiguous() and out.dtype == torch.float16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amp", [False, True], ids=["f32", "bf16-autocast"])
+def test_replayed_training_on_cuda_saves_nhwc_activations(amp: bool) -> None:
+    """`auto` under reduce-overhead: the training forward runs its convolutions NHWC
+    and saves NHWC activations; each replayed step's loss, gradients (values and
+    strides) and running statistics equal eager's."""
+    torch.manual_seed(2)
+    dev = torch.device("cuda")
+    m, eager = SmallCnn().to(dev).train(), SmallCnn().to(dev).train()
+    eager.load_state_dict(m.state_dict())
+    # mode="reduce-overhead", with strict on (torch.compile takes a mode or options)
+    compiled = torch.compile(m, backend="rewritec", options={"strict": True,
+                                                             "cudagraphs": "on"})
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # NHWC and NCHW algorithms round alike
+    try:
+        for step in range(4):
+            x = torch.randn(8, 3, 16, 16, device=dev)
+            torch.compiler.cudagraph_mark_step_begin()
+            m.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                loss_c = compiled(x).float().square().mean()
+                loss_e = eager(x).float().square().mean()
+            loss_c.backward()
+            loss_e.backward()
+            rtol, atol = (2e-2, 2e-2) if amp else (1e-4, 1e-4)
+            torch.testing.assert_close(loss_c, loss_e, rtol=rtol, atol=atol)
+            for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
+                scale = float(pe.grad.abs().max()) or 1.0
+                torch.testing.assert_close(pc.grad / scale, pe.grad / scale, rtol=rtol,
+                                           atol=atol, msg=f"step {step}: {name}")
+                assert pc.grad.stride() == pe.grad.stride(), name
+            for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
+                torch.testing.assert_close(bc.float(), be.float(), rtol=rtol, atol=atol)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    forward = [r for r in report.RECORDS if r.kind == "forward"]
+    assert forward[0].layout["conv_layout"] == "channels_last"
+    assert forward[0].layout["saved_in_new_layout"] >= 3
+    assert all(r.status == "compiled" for r in report.RECORDS), \
+        [(r.name, r.status, r.reason) for r in report.RECORDS]
