@@ -251,7 +251,8 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
 
     return CudaGraphRunner(fn, params or [], opts.cudagraphs, log, kind=kind,
                            user_outputs=_user_outputs(kind), pool=pool,
-                           mutated=sorted(set(mutated_inputs(gm).values())))
+                           mutated=sorted(set(mutated_inputs(gm).values())),
+                           applied=_applied_outputs(kind))
 
 
 def launched(rec: report.GraphRecord, regions: list[Region]
@@ -302,6 +303,27 @@ def _report_output_strides(kind: str, strides: list[tuple[int, ...] | None] | No
     reported = getattr(ctx, "output_strides", None)
     if reported is not None and not reported:
         reported.extend(strides)
+
+
+def _applied_outputs(kind: str) -> list[int]:
+    """A forward graph's results that are new values of inputs it updates (BatchNorm's
+    running statistics), which AOTAutograd's runtime copies into those inputs right
+    after the call (data only: no metadata, no `set_`; inputs that need no gradient);
+    empty for other graphs, or when AOTAutograd does not say."""
+    if kind != "forward":
+        return []
+    from torch._guards import TracingContext
+
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    try:
+        infos = [meta.input_info[i]  # type: ignore[union-attr]
+                 for i in meta.mutated_inp_runtime_indices]  # type: ignore[union-attr]
+        return [pos for pos, info in enumerate(infos)
+                if info.mutates_data and not info.mutates_metadata
+                and not info.mutates_storage_metadata and not info.requires_grad
+                and not getattr(info, "mutation_inductor_storage_resize", False)]
+    except Exception:  # noqa: BLE001 - another torch: every result is copied out
+        return []
 
 
 def _user_outputs(kind: str) -> int | None:

@@ -149,6 +149,11 @@ def _storage(t: torch.Tensor) -> int:
 # where it is (a backward graph reads the activations its forward graph saved), as
 # it reads parameters. Only a hint: every replay still checks the addresses.
 _GRAPH_OUTPUTS: set[int] = set()
+# Storages of the parameters recorded graphs read in place: a backward graph reads
+# those the forward saved for it (layer and batch norm weights) in place too, instead
+# of copying each into a buffer at every replay (55 copies a ResNet-50 step). A hint
+# as well, checked by every replay.
+_GRAPH_PARAMS: set[int] = set()
 
 
 class Pool:
@@ -245,9 +250,13 @@ class CudaGraphRunner:
     def __init__(self, fn: Callable[[list[Any]], Any], params: Sequence[bool], mode: str,
                  log: Callable[[str], None] | None = None, *, kind: str = "inference",
                  user_outputs: int | None = None, pool: Pool | None = None,
-                 mutated: Sequence[int] = ()) -> None:
+                 mutated: Sequence[int] = (), applied: Sequence[int] = ()) -> None:
         self.fn = fn
         self.mutated = frozenset(mutated)  # inputs the graph writes into
+        # results among the first `user_outputs` that are new values of the caller's
+        # inputs, which AOTAutograd copies into them as soon as the graph returns
+        # (BatchNorm's running statistics): handed out without a copy of their own
+        self.applied = frozenset(applied)
         self.params = list(params)
         self.mode = mode  # "auto" or "on"
         self.log = log or (lambda line: None)
@@ -348,7 +357,7 @@ class CudaGraphRunner:
         # saved activations) and the very tensors the previous call passed, at the same
         # address (an input buffer refilled in place); copy the rest into buffers.
         static = tuple(i for i, a in enumerate(args) if self._is_param(i)
-                       or _storage(a) in _GRAPH_OUTPUTS
+                       or _storage(a) in _GRAPH_OUTPUTS or _storage(a) in _GRAPH_PARAMS
                        or (seen is not None and seen[i][0]() is a
                            and seen[i][1] == a.data_ptr()))
         if not self.mutated <= set(static):
@@ -363,7 +372,8 @@ class CudaGraphRunner:
             if not isinstance(o, torch.Tensor):
                 continue
             reads = given.get(_storage(o))
-            if self.user_outputs is not None and i < self.user_outputs:
+            if self.user_outputs is not None and i < self.user_outputs \
+                    and i not in self.applied:
                 copies.add(i)
             elif reads is not None:
                 if reads not in static:
@@ -375,6 +385,7 @@ class CudaGraphRunner:
                      [o.data_ptr() for o in tensors], [_uses(o) for o in tensors],
                      frozenset(copies), static)
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
+        _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
         if self.pool is not None:
             self.pool.slots.append(slot)
         where = ("the caller's tensors" if len(static) == len(args) else

@@ -269,6 +269,7 @@ def _no_graph_outputs_of_earlier_tests() -> None:
     from rewritec.runtime import cudagraphs
 
     cudagraphs._GRAPH_OUTPUTS.clear()
+    cudagraphs._GRAPH_PARAMS.clear()
 
 
 def _training_pair():
@@ -315,6 +316,62 @@ def test_training_graphs_copy_the_loss_out_and_read_saved_activations_in_place()
     assert 0 in bw_slot.static  # the saved activation: the forward graph's memory
     assert fw.plain == bw.plain == 0 and fw.replays == bw.replays == 5
     assert pool.slots == [fw_slot, bw_slot]
+
+
+def test_running_statistics_are_handed_out_uncopied_and_weights_read_in_place() -> None:
+    """A forward whose first result is a buffer's new value (AOTAutograd copies it
+    into the buffer as soon as the call returns: `applied`) hands it out without a
+    copy of its own; the backward reads the weight the forward read in place (a
+    parameter passed on to it) instead of copying it into a buffer every replay."""
+    from rewritec.runtime.cudagraphs import Pool
+
+    def forward(args):
+        x, w, stat = args
+        h = x * w
+        return (stat * 0.9 + h.mean(0) * 0.1, (h * h).sum(), h)
+
+    def backward(args):
+        h, w, g = args
+        return ((h * 2 * g * w).sum(0),)
+
+    pool = Pool()
+    fw = RecordingOnCpu(forward, params=[False, True, True], mode="on", kind="forward",
+                        user_outputs=2, applied=[0], pool=pool)
+    bw = RecordingOnCpu(backward, params=[], mode="on", kind="backward", pool=pool)
+    w, stat = torch.randn(4), torch.zeros(4)
+    for _ in range(5):
+        x = torch.randn(3, 4)
+        want = stat * 0.9 + (x * w).mean(0) * 0.1
+        new_stat, loss, saved = fw([x, w, stat])
+        stat.copy_(new_stat)  # what AOTAutograd's runtime does at once
+        del new_stat
+        torch.testing.assert_close(stat, want)
+        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+        # autograd hands saved tensors back as new tensor objects over their storage
+        (dw,) = bw([saved, w.detach(), torch.ones(())])
+        torch.testing.assert_close(dw, (2 * x * w * w).sum(0))
+        del saved, dw
+    (fw_slot,) = fw.graphs[next(iter(fw.graphs))].slots
+    (bw_slot,) = bw.graphs[next(iter(bw.graphs))].slots
+    assert fw_slot.copies == frozenset({1})  # the loss only
+    assert bw_slot.static == (0, 1)  # the saved activation and the forward's weight
+    assert fw.replays == bw.replays == 4 and fw.plain == bw.plain == 0
+
+
+def test_an_applied_result_still_held_is_never_overwritten() -> None:
+    """A buffer's new value the caller keeps (not what AOTAutograd does, but a
+    caller may) blocks the next replay rather than change under it."""
+    fw = RecordingOnCpu(lambda a: (a[0] * 2.0, a[0].sum()), params=[True], mode="on",
+                        kind="forward", user_outputs=2, applied=[0])
+    x = torch.randn(4)
+    for _ in range(3):
+        fw([x])
+    held, _ = fw([x])
+    expected = held.clone()
+    x.add_(1.0)
+    out, _ = fw([x])
+    torch.testing.assert_close(held, expected)
+    torch.testing.assert_close(out, x * 2.0)
 
 
 def test_a_graph_recorded_earlier_never_overwrites_a_later_ones_held_result() -> None:
