@@ -226,7 +226,25 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     ordered: list[Term] = [operands[0]] * len(operands)
     for k, term in enumerate(operands):
         ordered[order[k]] = term
+    if target is torch.ops.aten._to_copy.default:
+        attrs = _plain_cast(attrs, ordered[0])
     return store.make(info.name, ordered, tuple(attrs) + nonce, meta)
+
+
+def _plain_cast(attrs: list[tuple[str, Any]], src: Term) -> list[tuple[str, Any]]:
+    """A `_to_copy`'s attributes, less those that change nothing (autocast's casts
+    spell out the strided layout, the source's own device and pin_memory=False):
+    the rules then see `to(x, dtype=d)`, whatever wrote the cast."""
+    def same(key: str, value: Any) -> bool:
+        plain = getattr(value, "value", value)
+        if key == "layout":
+            return plain == torch.strided
+        if key == "device":
+            return isinstance(plain, torch.device | str) and src.meta.kind == "tensor" \
+                and str(torch.device(plain)) == src.meta.device
+        return key == "pin_memory" and plain is False
+
+    return [(k, None if same(k, v) else v) for k, v in attrs]
 
 
 def _generic(node: torch.fx.Node, op: str, target: Any, env: dict[torch.fx.Node, Term],

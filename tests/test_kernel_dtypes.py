@@ -139,3 +139,44 @@ def test_rms_norm_is_one_kernel(eps: float | None, target: str, dtype: torch.dty
         torch.testing.assert_close(ep(x), want, **tol)
     (traced,) = report.RECORDS
     assert len(traced.kernels) == 1 and not traced.fallback_ops, traced.fallback_ops
+
+
+def _lm_loss(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A language-model head under autocast: bf16 logits, an f32 cross entropy over
+    rows of the flattened batch (the backward views the gradient, then casts it)."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        logits = torch.nn.functional.linear(x, w)
+    vocab = w.shape[0]
+    return torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+
+
+@pytest.mark.parametrize("vocab", [37, 130])
+@pytest.mark.parametrize("shape", [(2, 8), (3, 5)])
+def test_autocast_gradient_cast_joins_the_kernel_that_computes_it(vocab: int,
+                                                                  shape: tuple) -> None:
+    """The cross entropy's gradient is viewed, then cast to bf16: rule
+    cast-through-view moves the cast next to the row kernel that computes the
+    gradient, which then writes bf16 itself (no f32 copy, no cast kernel), and
+    autocast's spelled-out casts (strided layout, the source's device) are plain
+    `to(x, dtype=d)` for the rules (aten/convert.py: _plain_cast)."""
+    device = _device("triton")
+    torch.manual_seed(0)
+    x = torch.randn(*shape, 16, device=device, requires_grad=True)
+    w = torch.randn(vocab, 16, device=device, requires_grad=True)
+    y = torch.randint(0, vocab, shape, device=device)
+    report.reset()
+    torch._dynamo.reset()
+    compiled = rewritec.compile(_lm_loss, target="triton", strict=True)
+    loss = compiled(x, w, y)
+    loss.backward()
+    got = (loss.detach(), x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    loss_e = _lm_loss(x, w, y)
+    loss_e.backward()
+    for g, e in zip(got, (loss_e.detach(), x.grad, w.grad), strict=True):
+        torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2)
+    backward = next(r for r in report.RECORDS if r.kind == "backward")
+    assert backward.rules_fired["cast-through-view"] >= 1
+    rows = [k for k in backward.kernels if k["rules"] == ["fuse-row"]]
+    assert rows and any("to" in k["ops"] for k in rows), backward.kernels
+    assert "_to_copy" not in backward.fallback_ops
