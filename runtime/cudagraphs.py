@@ -37,7 +37,7 @@ import contextlib
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -136,11 +136,6 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
             and n.args and n.args[0] in places}
 
 
-def _uses(t: torch.Tensor) -> int:
-    """How many tensors hold `t`'s storage (the check's own reference included)."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -201,12 +196,17 @@ class _Slot:
     # results over an input buffer the next call refills
     copies: frozenset[int] = frozenset()
     static: tuple[int, ...] = ()  # the arguments read where they are
+    # each tensor's storage, held (counted in `uses`), and its handle: the replay's
+    # check then makes no storage object per result (588 results a ResNet-50 forward)
+    storages: list[Any] = field(default_factory=list)
+    handles: list[int] = field(default_factory=list)
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
         storage was resized away from the graph's memory)."""
-        return all(o.data_ptr() == a and _uses(o) == u for o, a, u in
-                   zip(self.tensors, self.addresses, self.uses, strict=True))
+        count = torch._C._storage_Use_Count
+        return all(o.data_ptr() == a and count(h) == u for o, a, h, u in
+                   zip(self.tensors, self.addresses, self.handles, self.uses, strict=True))
 
     def takes(self, args: Sequence[torch.Tensor]) -> bool:
         """Are the arguments read in place where the graph reads them?"""
@@ -381,9 +381,12 @@ class CudaGraphRunner:
                 continue  # a view of a tensor the caller owns: not the graph's memory
             if i not in copies or reads is None:
                 tensors.append(o)
+        storages = [o.untyped_storage() for o in tensors]
+        handles = [st._cdata for st in storages]
         slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
-                     [o.data_ptr() for o in tensors], [_uses(o) for o in tensors],
-                     frozenset(copies), static)
+                     [o.data_ptr() for o in tensors],
+                     [torch._C._storage_Use_Count(h) for h in handles],
+                     frozenset(copies), static, storages, handles)
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
         _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
         if self.pool is not None:
