@@ -58,11 +58,29 @@ from .trace import Trace
 ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
 
 
+# Bits of each float dtype: a sum whose `dtype` is at least as wide as its input's
+# reads each value exactly in that dtype (see `plain_accumulation`).
+FLOAT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
+
+
+def plain_accumulation(t: Term) -> bool:
+    """A sum/mean a kernel computes as ATen does: without a `dtype`, or with one that
+    widens its input (autocast's bias gradients, `sum(g_bf16, dtype=f32)`: ATen casts
+    the input, exactly, then sums; kernels accumulate in f32, or f64 for an f64
+    result, either way). A narrower `dtype` would round each input value first, an
+    integer one count instead."""
+    dtype = t.attr("dtype")
+    if dtype is None:
+        return True
+    src = t.args[0].meta.dtype if t.args else None
+    return dtype == src or (FLOAT_BITS.get(dtype, 0) > FLOAT_BITS.get(src, 99))
+
+
 def reduced_dim(t: Term) -> int | None:
     """The one dim a sum/mean/amax/amin reduces, keeping it (size 1); else None."""
     if t.op not in ROW_REDUCTIONS or t.attr("keepdim") is not True:
         return None
-    if t.op in ("sum", "mean") and t.attr("dtype") is not None:
+    if t.op in ("sum", "mean") and not plain_accumulation(t):
         return None
     dims = t.attr("dim")
     rank = t.args[0].meta.rank
@@ -75,10 +93,11 @@ def reduced_dim(t: Term) -> int | None:
 def reduced_dims(t: Term) -> tuple[int, ...] | None:
     """The dims (sorted, non-negative) a sum/mean/amax/amin reduces: ATen reads an
     empty or missing `dim` as every dim (`x.sum()` is `sum(x, dim=())`). None
-    for other ops, rank-0 inputs and sums/means with a `dtype`."""
+    for other ops, rank-0 inputs and sums/means whose `dtype` a kernel would not
+    compute as ATen does (`plain_accumulation`)."""
     if t.op not in ROW_REDUCTIONS or not isinstance(t.attr("keepdim"), bool):
         return None
-    if t.op in ("sum", "mean") and t.attr("dtype") is not None:
+    if t.op in ("sum", "mean") and not plain_accumulation(t):
         return None
     dims = t.attr("dim")
     rank = t.args[0].meta.rank

@@ -180,3 +180,41 @@ def test_autocast_gradient_cast_joins_the_kernel_that_computes_it(vocab: int,
     rows = [k for k in backward.kernels if k["rules"] == ["fuse-row"]]
     assert rows and any("to" in k["ops"] for k in rows), backward.kernels
     assert "_to_copy" not in backward.fallback_ops
+
+
+SUM_DTYPE_CASES = [
+    # (function, input dtype, fused): a `dtype` at least as wide as the input's
+    (lambda g: torch.sum(g, 0, keepdim=True, dtype=torch.float32), torch.bfloat16, True),
+    (lambda g: torch.sum(g * 2.0, -1, keepdim=True, dtype=torch.float32), torch.float16, True),
+    (lambda g: torch.sum(torch.tanh(g), (0, 2), dtype=torch.float32), torch.float32, True),
+    (lambda g: torch.mean(g, (0, 1), dtype=torch.float64), torch.float32, True),
+    # narrower: ATen rounds every value to it first; an integer dtype counts
+    (lambda g: torch.sum(g, 0, dtype=torch.bfloat16), torch.float32, False),
+    (lambda g: torch.sum(g > 0, -1, dtype=torch.int64), torch.float32, False),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SUM_DTYPE_CASES)))
+@pytest.mark.parametrize("target", ["triton", "openmp"])
+@pytest.mark.parametrize("shape", [(67, 33), (5, 9, 130)])
+def test_sums_with_a_wider_dtype_join_kernels(case: int, target: str, shape: tuple) -> None:
+    """`sum(x, dtype=d)` (autocast's bias gradients on CUDA: bf16 values, an f32 sum)
+    is a kernel when `d` widens x's dtype, computed as ATen computes it; a narrower
+    or integer `d` stays with ATen (engine/fuse.py: plain_accumulation)."""
+    fn, dtype, fused = SUM_DTYPE_CASES[case]
+    if target == "openmp" and dtype in HALF:
+        pytest.skip("the OpenMP target computes f32 and f64 only")
+    if len(shape) == 2 and case == 2:
+        shape = (4, 67, 33)
+    torch.manual_seed(case)
+    g = (torch.randn(*shape) * 10).to(dtype).to(_device(target))
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(g)
+    want = fn(g)
+    assert got.dtype == want.dtype
+    tol = {"rtol": 1e-2, "atol": 1e-2} if want.dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(got, want, **tol)
+    reductions = [k for r in report.RECORDS for k in r.kernels
+                  if any(rule.startswith(("fuse-reduction", "fuse-row")) for rule in k["rules"])]
+    assert bool(reductions) == fused, [k["rules"] for r in report.RECORDS for k in r.kernels]
