@@ -1,0 +1,91 @@
+"""clamp, hardswish, hardsigmoid and ReLU6 inside kernels: rules/decompose/activations.yaml
+writes clamp as clamp_min / clamp_max (rules/ops.yaml), whose kernel expressions must
+agree with ATen on nan, infinities, signed zeros and an empty range (lo > hi gives hi),
+forward and backward, on both targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rewritec
+from rewritec import report
+from rewritec.runtime.build import cxx
+
+TARGETS = [
+    pytest.param("triton", id="triton"),
+    pytest.param("openmp", id="openmp",
+                 marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
+]
+FUNCS = {
+    "clamp": lambda x: torch.clamp(x * 2.0, -1.5, 2.5),
+    "clamp_min": lambda x: torch.clamp(x + 1.0, min=0.0) * 3.0,
+    "clamp_max": lambda x: torch.clamp(x - 1.0, max=0.5) * 3.0,
+    "empty_range": lambda x: torch.clamp(x * 1.0, 1.0, -1.0),
+    "hardswish": lambda x: F.hardswish(x) * 2.0,
+    "hardsigmoid": lambda x: F.hardsigmoid(x) - x,
+    "relu6": lambda x: F.relu6(x) + 1.0,
+}
+
+
+def _special(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(*shape) * 4.0
+    flat = x.view(-1)
+    values = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 3.0, -3.0, 6.0, 1.0, -1.0]
+    flat[: len(values)] = torch.tensor(values)
+    return x.to(dtype)
+
+
+def _device(target: str) -> str:
+    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(FUNCS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_clamps_in_kernels_equal_eager(target: str, name: str, dtype: torch.dtype) -> None:
+    if target == "openmp" and dtype in (torch.bfloat16, torch.float16):
+        pytest.skip("the OpenMP target computes f32 and f64 only")
+    fn = FUNCS[name]
+    x = _special((7, 33), dtype).to(_device(target))
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(x)
+    want = fn(x)
+    # eager rounds after each half-precision op, kernels once at the end
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+    # signed zeros as ATen gives them
+    zeros = want == 0
+    assert torch.equal(torch.signbit(got[zeros]), torch.signbit(want[zeros]))
+    fused = [k for r in report.RECORDS for k in r.kernels]
+    assert fused and not any(op.startswith("clamp") for r in report.RECORDS
+                             for op in r.fallback_ops), [dict(r.fallback_ops)
+                                                         for r in report.RECORDS]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", ["clamp", "hardswish", "hardsigmoid", "relu6"])
+@pytest.mark.parametrize("shape", [(5, 17), (2, 3, 4, 9)])
+def test_clamp_gradients_equal_eager(target: str, name: str, shape: tuple) -> None:
+    fn = FUNCS[name]
+    torch.manual_seed(0)
+    x = (torch.randn(*shape) * 4.0).to(_device(target))
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch._dynamo.reset()
+    out = rewritec.compile(fn, target=target, strict=True)(xc)
+    ref = fn(xe)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
+def test_integer_clamp_stays_exact() -> None:
+    """Kernels compute floats only: an integer clamp is left to ATen, and exact."""
+    x = torch.arange(-50, 50, dtype=torch.int64) * 1_000_000_007
+    fn = lambda x: torch.clamp(x, -3_000_000_000, 7) + 1  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(rewritec.compile(fn, strict=True)(x), fn(x))
