@@ -72,7 +72,9 @@ def plain_accumulation(t: Term) -> bool:
     dtype = t.attr("dtype")
     if dtype is None:
         return True
-    src = t.args[0].meta.dtype if t.args else None
+    if not t.args:
+        return False
+    src = t.args[0].meta.dtype
     return dtype == src or (FLOAT_BITS.get(dtype, 0) > FLOAT_BITS.get(src, 99))
 
 

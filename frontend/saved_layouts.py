@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from ..passes.layout import memory_format
@@ -50,13 +51,17 @@ def follow_saved_layouts(gm: torch.fx.GraphModule, example_inputs: list[Any]) ->
     before = [_strides(r.meta.get("val")) if isinstance(r, torch.fx.Node) else None
               for r in results]
     mode = detect_fake_mode(example_inputs)
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
+    if mode is None:  # real tensors (AOTAutograd passes fake ones): made fake here
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        FakeTensorProp(gm, mode).propagate(*example_inputs)
+    else:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
     restored = list(results)
     for i, (r, want) in enumerate(zip(results, before, strict=True)):
         if not isinstance(r, torch.fx.Node) or want is None:
             continue
         value = r.meta.get("val")
-        if _strides(value) in (None, want):
+        if not isinstance(value, torch.Tensor) or _strides(value) in (None, want):
             continue
         fmt = memory_format(tuple(value.shape), want)
         if fmt is None:

@@ -327,6 +327,11 @@ def test_follow_saved_layouts_propagates_and_restores_results() -> None:
     x = torch.randn(2, 3, 4, 5)
     g = torch.randn(2, 3, 4, 5)
     got = gm(x.contiguous(memory_format=torch.channels_last), g)
+    # real example tensors are made fake for the propagation
+    again = make_fx(bw, tracing_mode="fake")(saved, grad)
+    assert follow_saved_layouts(again, [x.contiguous(memory_format=torch.channels_last), g])
+    assert next(n for n in again.graph.nodes if n.op == "placeholder").meta["val"].stride() \
+        == nhwc.stride()
     want = bw(x, g)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
