@@ -120,6 +120,22 @@ def test_summary_compares_with_inductors_best_and_counts_regressions() -> None:
     assert (s["slower_than_eager"], s["more_memory"], s["more_host"]) == (1, 1, 1)
 
 
+def test_cuda_graph_modes_compare_reserved_memory() -> None:
+    """Inductor's CUDA-graph trees keep their pool out of the allocated counts (its
+    reduce-overhead peaks read about 0 MB): those rows compare reserved memory."""
+    def row(backend: str, peak: float, reserved: float) -> Row:
+        return Row("a", "llm", "train", backend, ms=1.0, host_ms=1.0, peak_mb=peak,
+                   reserved_mb=reserved)
+
+    rows = [row("inductor", 900, 1000), row("rewritec", 800, 1200),
+            row("inductor-ro", 0.001, 2900), row("rewritec-ro", 5800, 7700)]
+    s = summary(rows)
+    assert s["train rewritec"]["more_memory"] == 0  # peaks: 800 against 900
+    assert s["train rewritec-ro"]["more_memory"] == 1  # reserved: 7700 against 2900
+    rows[-1] = row("rewritec-ro", 5800, 2500)
+    assert summary(rows)["train rewritec-ro"]["more_memory"] == 0
+
+
 def test_coverage_adds_up_the_graphs_and_lists_what_stays_outside() -> None:
     from rewritec.report import GraphRecord
 
