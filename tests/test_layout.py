@@ -213,6 +213,15 @@ def test_wrapper_converts_once(target: str, tmp_path: Any) -> None:
 
 
 # --------------------------------------------------------------------------- training
+def _same_training_state(m: nn.Module, eager: nn.Module, dtype: torch.dtype) -> None:
+    """Every gradient (values and strides) and buffer of `m` equals eager's."""
+    for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(pc.grad, pe.grad, **tol(dtype), msg=name)
+        assert pc.grad.stride() == pe.grad.stride(), name
+    for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
+        torch.testing.assert_close(bc, be, **tol(dtype))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_training_forward_backward(target: str) -> None:
     torch.manual_seed(0)
@@ -231,11 +240,7 @@ def test_training_forward_backward(target: str) -> None:
         out_e.backward(grad)
     torch.testing.assert_close(xc.grad, xe.grad, **tol(x.dtype))
     assert xc.grad.stride() == xe.grad.stride()
-    for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(pc.grad, pe.grad, **tol(x.dtype), msg=name)
-        assert pc.grad.stride() == pe.grad.stride(), name
-    for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
-        torch.testing.assert_close(bc, be, **tol(x.dtype))
+    _same_training_state(m, eager, x.dtype)
     forward = [r.layout for r in report.RECORDS if r.kind == "forward"]
     assert forward and forward[0]["conv_layout"] == "channels_last"
     # weights are parameters here, not constants: converted on every call
@@ -279,11 +284,7 @@ def test_training_steps_with_saved_nhwc_activations(target: str, shape: tuple[in
             torch.testing.assert_close(loss_c, loss_e, **tol(x.dtype))
             loss_c.backward()
             loss_e.backward()
-            for (name, pc), pe in zip(m.named_parameters(), eager.parameters(), strict=True):
-                torch.testing.assert_close(pc.grad, pe.grad, **tol(x.dtype), msg=name)
-                assert pc.grad.stride() == pe.grad.stride(), name
-            for bc, be in zip(m.buffers(), eager.buffers(), strict=True):
-                torch.testing.assert_close(bc, be, **tol(x.dtype))
+            _same_training_state(m, eager, x.dtype)
     forward = [r.layout for r in report.RECORDS if r.kind == "forward"]
     assert forward[0]["saved_in_new_layout"] >= 3
 
