@@ -269,7 +269,7 @@ def launched(rec: report.GraphRecord, regions: list[Region]
 def _saved_outputs(kind: str, gm: torch.fx.GraphModule) -> frozenset[int]:
     """The positions of a training forward graph's results that only its backward
     reads (AOTAutograd's saved tensors): the layout phase may leave those in the
-    layout they were made in (passes/layout.py). None for other graphs, for a graph
+    layout they were made in (passes/layout.py). Empty for other graphs, for a graph
     compiled in regions, or when AOTAutograd does not say."""
     if kind != "forward" or has_regions(gm):
         return frozenset()
