@@ -298,10 +298,10 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return False
     if t.op == "to":
         # A float-to-float or bool-to-float cast, nothing else (no device, layout or
-        # format change).
+        # format change; the front end writes attributes that change nothing as None:
+        # aten/convert.py, _plain_cast).
         src = t.args[0]
-        others = [k for k, v in t.attrs if k != "dtype" and v not in (None, False)
-                  and not _same_place(k, v, src)]
+        others = [k for k, v in t.attrs if k != "dtype" and v not in (None, False)]
         narrow = ("f32", "f16", "bf16")  # f64 <-> f32 would need its own rounding
         to = (*narrow, "f64") if src.meta.dtype == "b8" else narrow
         return (src.meta.kind == "tensor" and src.meta.dtype in (*narrow, "b8")
@@ -343,17 +343,6 @@ def compilable(target: str, table: OpTable | None = None) -> Callable[[Term], bo
     if target == "aten":
         return None
     return lambda t: can_compile(t, target, table)
-
-
-def _same_place(key: str, value: Any, src: Term) -> bool:
-    """A `to` attribute that changes nothing: the strided layout, or the source's
-    own device (autocast's casts spell both out)."""
-    shown = str(getattr(value, "value", value))
-    if key == "layout":
-        return shown == "torch.strided"
-    if key == "device":
-        return shown == src.meta.device or src.meta.device.startswith(shown + ":")
-    return False
 
 
 # Ops whose result may be a bool inside a kernel (a mask that a `where` then reads)
