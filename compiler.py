@@ -266,6 +266,14 @@ def launched(rec: report.GraphRecord, regions: list[Region]
     return dict(ops), kernels
 
 
+def _aot_context() -> Any:
+    """AOTAutograd's tracing context while it compiles a graph (its forward metadata,
+    the output strides it collects), or None."""
+    from torch._guards import TracingContext
+
+    return TracingContext.try_get()
+
+
 def _saved_outputs(kind: str, gm: torch.fx.GraphModule) -> frozenset[int]:
     """The positions of a training forward graph's results that only its backward
     reads (AOTAutograd's saved tensors): the layout phase may leave those in the
@@ -273,9 +281,7 @@ def _saved_outputs(kind: str, gm: torch.fx.GraphModule) -> frozenset[int]:
     compiled in regions, or when AOTAutograd does not say."""
     if kind != "forward" or has_regions(gm):
         return frozenset()
-    from torch._guards import TracingContext
-
-    ctx = TracingContext.try_get()
+    ctx = _aot_context()
     meta = getattr(ctx, "fw_metadata", None)
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     results = output.args[0]
@@ -297,10 +303,7 @@ def _report_output_strides(kind: str, strides: list[tuple[int, ...] | None] | No
     returns eager's layouts, and AOTAutograd is told nothing."""
     if kind != "forward" or strides is None:
         return
-    from torch._guards import TracingContext
-
-    ctx = TracingContext.try_get()
-    reported = getattr(ctx, "output_strides", None)
+    reported = getattr(_aot_context(), "output_strides", None)
     if reported is not None and not reported:
         reported.extend(strides)
 
@@ -312,9 +315,7 @@ def _applied_outputs(kind: str) -> list[int]:
     empty for other graphs, or when AOTAutograd does not say."""
     if kind != "forward":
         return []
-    from torch._guards import TracingContext
-
-    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    meta = getattr(_aot_context(), "fw_metadata", None)
     try:
         infos = [meta.input_info[i]  # type: ignore[union-attr]
                  for i in meta.mutated_inp_runtime_indices]  # type: ignore[union-attr]
@@ -333,10 +334,7 @@ def _user_outputs(kind: str) -> int | None:
     runner then copies every result of the forward graph out)."""
     if kind != "forward":
         return None
-    from torch._guards import TracingContext
-
-    ctx = TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None)
+    meta = getattr(_aot_context(), "fw_metadata", None)
     returns = getattr(meta, "num_forward_returns", None)
     return returns if isinstance(returns, int) else 1 << 30
 
