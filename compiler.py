@@ -48,6 +48,7 @@ from .kinds.variants import variants_for
 from .options import Options
 from .rulesets import op_table_for, ruleset_for
 from .aten.fold import FrozenGuard, is_frozen, make_folder
+from .aten.input_writes import split_input_writes, write_back
 from .engine.ops import default_op_table
 from .engine.pipeline import run_pipeline
 from .passes.layout import relayout_for
@@ -128,8 +129,14 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
     rec = report.GraphRecord(name=name, kind=kind)
     report.RECORDS.append(rec)
     start = time.perf_counter()
-    frozen = _freezable(opts, kind, params, param_values)
     parts: dict[str, Any] = {}
+    captured = gm
+    split = split_input_writes(gm)  # updates of its inputs: one call after it
+    if split is not None:
+        gm, written, parts["results"] = split
+        rec.input_writes = len(written)
+        param_values = keep = None  # an input it updates is no constant to fold
+    frozen = _freezable(opts, kind, params, param_values)
     try:
         fn = _compile(gm, example_inputs, opts, name, rec, params, frozen, parts)
         if frozen:
@@ -138,8 +145,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
                 return _compile(gm, example_inputs, opts, sub.name, sub, params, None)
 
             fn = FrozenGuard(frozen, fn, unfrozen)
+        if split is not None:
+            fn = write_back(fn, written, parts["results"], _returns_one(captured))
         guarded = fn
-        fn = _maybe_cudagraphs(fn, gm, kind, params, opts, rec, pool,
+        fn = _maybe_cudagraphs(fn, captured, kind, params, opts, rec, pool,
                                region_calls(parts.get("regional")))
         _report_output_strides(kind, parts.get("output_strides"))
         # a compiled region lives in this process only: the graph cache cannot hold it
@@ -158,13 +167,15 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
         runs = parts.get("regional", gm)  # its compiled regions, if it got that far
         rec.fallback_ops = fx_ops(runs)
         fn = _boxed(runs.forward)
+        if split is not None:
+            fn = write_back(fn, written, parts["results"], _returns_one(captured))
         _report_output_strides(kind, None)
     rec.compile_seconds = time.perf_counter() - start
     if opts.out_dir:
         if "captured" not in rec.files:  # it fell back before writing: the graph it runs
             with contextlib.suppress(OSError):  # _update_report warns of an unwritable folder
                 _write_files(Path(opts.out_dir), rec,
-                             {"captured": gm.print_readable(print_output=False)})
+                             {"captured": captured.print_readable(print_output=False)})
         _update_report(opts, rec)
     return fn
 
@@ -274,18 +285,21 @@ def _aot_context() -> Any:
     return TracingContext.try_get()
 
 
-def _saved_outputs(kind: str, gm: torch.fx.GraphModule) -> frozenset[int]:
+def _saved_outputs(kind: str, gm: torch.fx.GraphModule, count: int | None = None
+                   ) -> frozenset[int]:
     """The positions of a training forward graph's results that only its backward
     reads (AOTAutograd's saved tensors): the layout phase may leave those in the
     layout they were made in (passes/layout.py). Empty for other graphs, for a graph
-    compiled in regions, or when AOTAutograd does not say."""
+    compiled in regions, or when AOTAutograd does not say. `count`: how many of the
+    graph's results AOTAutograd sees (the rest are input updates)."""
     if kind != "forward" or has_regions(gm):
         return frozenset()
     ctx = _aot_context()
     meta = getattr(ctx, "fw_metadata", None)
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    results = output.args[0]
-    count = len(results) if isinstance(results, tuple | list) else 1
+    if count is None:
+        output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        results = output.args[0]
+        count = len(results) if isinstance(results, tuple | list) else 1
     try:
         saved = meta.tensors_saved_for_backwards_slice  # type: ignore[union-attr]
         positions = range(*saved.indices(count))
@@ -426,6 +440,12 @@ def graph_devices(graph: Graph) -> set[str]:
     return {t.meta.device.split(":")[0] for t in graph.terms() if t.meta.kind == "tensor"}
 
 
+def _returns_one(gm: torch.fx.GraphModule) -> bool:
+    """Does `gm` return a bare value rather than a tuple of them?"""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return not isinstance(output.args[0], tuple | list)
+
+
 def _boxed(fn: Any) -> Any:
     def call(args: list[Any]) -> Any:
         return fn(*args)
@@ -474,7 +494,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                               variants=variants_for(target, conv.store),
                               relayout=relayout_for(opts.conv_layout, rec.kind, conv.store,
                                                     bridge, rec.layout, parts["steps"],
-                                                    _saved_outputs(rec.kind, captured),
+                                                    _saved_outputs(rec.kind, captured,
+                                                                   parts.get("results")),
                                                     replayed=opts.cudagraphs == "on"),
                               trace=trace)
         graph = result.graph
@@ -490,7 +511,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         parts["output_strides"] = [
             tuple(o.meta.strides) if o is not None and o.meta.kind == "tensor"
             and all(isinstance(x, int) for x in o.meta.strides) else None
-            for o in graph.outputs]
+            for o in graph.outputs[:parts.get("results")]]
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
     prepared = _prepare(graph, conv.store, opts, name, rec, bridge, parts)
     launchers: dict[Any, Any] = {}

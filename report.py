@@ -41,6 +41,8 @@ class GraphRecord:
     layout: dict[str, Any] = field(default_factory=dict)
     # CUDA-graph replay (runtime/cudagraphs.py): on/off and why, once decided.
     cudagraphs: str = ""
+    # Inputs the graph updates in place after its kernels (aten/input_writes.py).
+    input_writes: int = 0
     compile_seconds: float = 0.0
     # wall seconds per step: convert, each pass that ran, kernels, lower
     phase_seconds: dict[str, float] = field(default_factory=dict)

@@ -120,10 +120,13 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
         follow_saved_layouts(bw_gm, bw_inputs)
         return compile_fx(bw_gm, bw_inputs, opts, kind="backward", pool=pool)
 
+    # Updates of inputs that need no gradient (BatchNorm's running statistics) stay
+    # in the graph, which writes them in one call (aten/input_writes.py) instead of
+    # AOTAutograd's runtime copying each from Python after it.
     compilers = {"fw_compiler": forward, "bw_compiler": backward,
                  "inference_compiler": inference,
                  "decompositions": decomposition_table(kept_whole(opts)),
-                 "partition_fn": _partition}
+                 "partition_fn": _partition, "keep_inference_input_mutations": True}
     if any(isinstance(x, list | tuple | dict) for x in example_inputs):
         # nested inputs: torch's helper flattens them first
         from torch._dynamo.backends.common import aot_autograd
@@ -142,10 +145,32 @@ def _partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
     from torch._functorch import config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    unread_running_stats(joint)
     # Its CSE pass imports Inductor's pattern matcher and lowerings (a second of a
     # cold compile); the rule engine's terms are hash-consed, which is CSE already.
     with config.patch(cse=False):
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
+BN_BACKWARD = "native_batch_norm_backward"
+
+
+def unread_running_stats(joint: torch.fx.GraphModule) -> None:
+    """Pass None for the running mean and variance of every batch-norm backward in
+    training in a joint graph: it reads the saved batch statistics then, never the
+    running ones (its schema takes them optional). Otherwise the partitioner saves
+    the forward's updated statistics (two tensors a batch norm) for a backward that
+    never reads them, and the forward must hand them out besides writing them into
+    the buffers (aten/input_writes.py)."""
+    changed = False
+    for node in joint.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(
+                BN_BACKWARD + ".") and len(node.args) >= 8 and node.args[7] is True \
+                and (node.args[3] is not None or node.args[4] is not None):
+            node.args = (*node.args[:3], None, None, *node.args[5:])
+            changed = True
+    if changed:
+        joint.recompile()
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], compilers: dict[str, Any]) -> Any:
