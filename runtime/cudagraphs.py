@@ -200,6 +200,10 @@ class _Slot:
     # check then makes no storage object per result (588 results a ResNet-50 forward)
     storages: list[Any] = field(default_factory=list)
     handles: list[int] = field(default_factory=list)
+    copied: tuple[int, ...] = ()  # the arguments copied into `buffers`
+
+    def __post_init__(self) -> None:
+        self._checked = (list(self.reads), list(self.static))  # as _SAME_ADDRESSES takes them
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
@@ -210,8 +214,23 @@ class _Slot:
 
     def takes(self, args: Sequence[torch.Tensor]) -> bool:
         """Are the arguments read in place where the graph reads them?"""
+        if _SAME_ADDRESSES is not None:  # one C++ call (CUDA builds of torch)
+            return _SAME_ADDRESSES(args, *self._checked)
         reads = self.reads
         return all(args[i].data_ptr() == reads[i] for i in self.static)
+
+    def fill(self, args: Sequence[torch.Tensor]) -> None:
+        """Copy the arguments not read in place into the graph's buffers, in one call."""
+        dsts, srcs = [], []
+        for i in self.copied:
+            buf, a = self.buffers[i], args[i]
+            if buf is not None and buf.data_ptr() != a.data_ptr():
+                dsts.append(buf)
+                srcs.append(a)
+        if len(dsts) > 1:
+            torch._foreach_copy_(dsts, srcs)
+        elif dsts:
+            dsts[0].copy_(srcs[0])
 
     def results(self) -> Any:
         """New tensors over the results' memory (copies where `copies` says), in the
@@ -227,6 +246,11 @@ class _Entry:
     params: list[torch.Tensor]  # parameter arguments, read in place
     versions: list[int]  # their version counters when the first graph was recorded
     slots: list[_Slot]
+
+
+# Compares the data pointers of tensors at given positions with expected ones, in
+# C++ (what Inductor's CUDA-graph trees check static inputs with); CUDA builds only.
+_SAME_ADDRESSES = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
 def _addresses(args: Sequence[torch.Tensor]) -> tuple[int, ...]:
@@ -271,6 +295,8 @@ class CudaGraphRunner:
         self.plain = 0  # calls that found every slot busy (tests read it)
         self.rerecords = 0
         self.replays = 0
+        self.keyed: list[int] | None = None  # the arguments `_key` reads
+        self.arity = 0
         self._boxed_call = True
 
     @staticmethod
@@ -280,12 +306,24 @@ class CudaGraphRunner:
     def _is_param(self, i: int) -> bool:
         return i < len(self.params) and self.params[i]
 
+    def _key(self, args: list[torch.Tensor]) -> tuple[Any, ...]:
+        """What tells the graphs of an entry apart: the shape, strides, dtype and
+        device of each argument that is not a parameter. A parameter's are
+        TorchDynamo's guards' to watch (a change compiles the graph again), and a
+        forward graph's arguments are mostly parameters (ResNet-50: 320 of 321)."""
+        keyed = self.keyed
+        if keyed is None or len(args) != self.arity:
+            keyed = self.keyed = [i for i in range(len(args)) if not self._is_param(i)]
+            self.arity = len(args)
+        return tuple([(a.shape, a.stride(), a.dtype, a.device)
+                      for a in [args[i] for i in keyed]])
+
     def __call__(self, args: list[Any]) -> Any:
         if self.disabled is not None or not args:
             return self.fn(args)
         if not self._accepts(args):
             return self.fn(args)
-        key = tuple([(a.shape, a.stride(), a.dtype, a.device) for a in args])
+        key = self._key(args)
         entry = self.graphs.get(key)
         if entry is None:
             if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
@@ -317,9 +355,7 @@ class CudaGraphRunner:
                 torch.cuda.synchronize()
                 return self.fn(args)
             entry.slots.append(slot)
-        for buf, a in zip(slot.buffers, args, strict=True):
-            if buf is not None and buf.data_ptr() != a.data_ptr():
-                buf.copy_(a)
+        slot.fill(args)
         slot.replay()
         self.replays += 1
         args.clear()  # as the plain wrapper does: the caller's references are its own
@@ -386,7 +422,8 @@ class CudaGraphRunner:
         slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
                      [o.data_ptr() for o in tensors],
                      [torch._C._storage_Use_Count(h) for h in handles],
-                     frozenset(copies), static, storages, handles)
+                     frozenset(copies), static, storages, handles,
+                     tuple(i for i, b in enumerate(buffers) if b is not None))
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
         _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
         if self.pool is not None:
