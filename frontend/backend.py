@@ -125,7 +125,7 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
     # AOTAutograd's runtime copying each from Python after it.
     compilers = {"fw_compiler": forward, "bw_compiler": backward,
                  "inference_compiler": inference,
-                 "decompositions": decomposition_table(kept_whole(opts)),
+                 "decompositions": decomposition_table(kept_whole(opts), _training(values)),
                  "partition_fn": _partition, "keep_inference_input_mutations": True}
     if any(isinstance(x, list | tuple | dict) for x in example_inputs):
         # nested inputs: torch's helper flattens them first
@@ -133,6 +133,12 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
 
         return aot_autograd(**compilers)(gm, example_inputs)
     return _aot(gm, example_inputs, compilers)
+
+
+def _training(inputs: list[Any]) -> bool:
+    """Will AOTAutograd trace a joint forward+backward graph? (as it decides)"""
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
 
 
 def _partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:

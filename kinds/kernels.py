@@ -43,8 +43,25 @@ from .spec import KernelSpec, KInput, KOutput, size_params, static_width
 from .templates import TEMPLATES_DIR, has_template, template_path
 
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
-                 "f64": "tl.float64", "b8": "tl.int1"}
-CPP_DTYPES = {"f32": "float", "f64": "double", "b8": "bool"}
+                 "f64": "tl.float64", "b8": "tl.int1", "i64": "tl.int64", "i32": "tl.int32"}
+CPP_DTYPES = {"f32": "float", "f64": "double", "b8": "bool", "i64": "int64_t",
+              "i32": "int32_t"}
+# Integer tensors enter kernels only as operands of comparisons (class indices
+# against column positions: nll_loss, frontend/decompositions.py); they load as
+# they are, never as floats (exact past 2**24), and no kernel computes one.
+INTS = ("i64", "i32")
+
+
+def load_cast(dtype: str, compute: str) -> str:
+    """What a Triton load of a `dtype` input appends: a cast into the compute
+    dtype, none for masks and integers."""
+    return "" if dtype == "b8" or dtype in INTS else f".to({compute})"
+
+
+def cpp_load_type(dtype: str, ctype: str) -> str:
+    """The C++ type an input of `dtype` loads into: the compute type, or the
+    integer's own."""
+    return CPP_DTYPES[dtype] if dtype in INTS else ctype
 SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -294,7 +311,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     if info is None or t.meta.kind != "tensor":
         return False
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
-    if t.meta.dtype not in dtypes or (t.meta.dtype == "b8" and t.op not in BOOL_OPS):
+    if t.meta.dtype not in dtypes or t.meta.dtype in INTS or (
+            t.meta.dtype == "b8" and t.op not in BOOL_OPS):
         return False
     if t.op == "to":
         # A float-to-float or bool-to-float cast, nothing else (no device, layout or
@@ -364,6 +382,10 @@ def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
         return False
     if a.meta.dtype == "b8":
         return t.op in ("where", "masked_fill", "to", *LOGICAL)
+    if a.meta.dtype in INTS:  # compared with integers of its dtype, or int constants
+        return t.op in COMPARISONS and all(
+            (isinstance(b.value, int) and not isinstance(b.value, bool)) if b.op == "const"
+            else b.meta.dtype == a.meta.dtype for b in t.args)
     if a.meta.dtype not in FLOATS:
         return False
     if t.meta.dtype == "b8":
@@ -459,7 +481,7 @@ def triton_load(spec: KernelSpec, k: int, off: str, mask: str | None) -> str:
     """Input k loaded at `off` (masked by `mask`, if any) into the compute dtype."""
     inp = spec.inputs[k]
     compute = "tl.float64" if spec.compute == "f64" else "tl.float32"
-    cast = "" if inp.dtype == "b8" else f".to({compute})"
+    cast = load_cast(inp.dtype, compute)
     if inp.dtype in ("f16", "bf16") and spec.compute == "f64":
         cast = f".to(tl.float32){cast}"  # exact; the interpreter has no half -> f64
     m = f", mask={mask}, other=0" if mask else ""

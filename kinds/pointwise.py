@@ -15,6 +15,7 @@ from ..engine.term import Term
 from .kernels import (
     CPP_DTYPES,
     check_template,
+    cpp_load_type,
     cpp_params,
     cpp_statement,
     kernel_header,
@@ -102,7 +103,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
     def load(inp: KInput, idx: int) -> str:
         off = "i" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "i"), "cpp")
-        return f"const {ctype} x{idx} = {inp.name}_ptr[{off}];"
+        return f"const {cpp_load_type(inp.dtype, ctype)} x{idx} = {inp.name}_ptr[{off}];"
 
     strided = [inp for inp in spec.inputs if not inp.flat]
     if not strided or spec.rank == 0:
@@ -124,7 +125,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
         def row_loads(step: str) -> list[str]:
             """Loads at column c, `step` (with {name}) apart in strided inputs."""
-            return [f"const {ctype} x{k} = {inp.name}_ptr[" + (
+            return [f"const {cpp_load_type(inp.dtype, ctype)} x{k} = {inp.name}_ptr[" + (
                 "i" if inp.flat else f"{inp.name}_base + " + step.format(name=inp.name))
                 + "];" for k, inp in enumerate(spec.inputs)]
 

@@ -34,10 +34,12 @@ from .kernels import (
     CPP_DTYPES,
     TRITON_DTYPES,
     _contiguous,
-    kernel_header,
     _key,
-    term_names,
+    cpp_load_type,
+    kernel_header,
+    load_cast,
     print_index,
+    term_names,
     value_expr,
 )
 from .kind import Kind
@@ -209,7 +211,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     loads, epi_loads = [], []
     for i, inp in enumerate(spec.inputs):
         phases = spec.meta["phases"][i]
-        cast = f".to({compute})"
+        cast = load_cast(inp.dtype, compute)
         if "in" in phases:
             off = _offsets(spec, i, "in", "out_idx", "red_idx", "triton")
             loads.append(f"x{i} = tl.load({inp.name}_ptr + {off}, mask=mask, other=0){cast}")
@@ -259,10 +261,11 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
         phases = spec.meta["phases"][i]
         if "in" in phases:
             off = _offsets(spec, i, "in", "o", "r", "cpp")
-            loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
+            loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = {inp.name}_ptr[{off}];")
         if "out" in phases:
             off = _offsets(spec, i, "out", "o", "", "cpp")
-            epi_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{off}];")
+            epi_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+                             f"{inp.name}_ptr[{off}];")
     body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                     for t in pro]
     accs = [cpp_accumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
@@ -276,7 +279,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     if columns:
         for i, inp in enumerate(spec.inputs):
             if "in" in spec.meta["phases"][i]:
-                col_loads.append(f"const {ctype} x{i} = {inp.name}_ptr[{_unit_offset(spec, i)}];")
+                col_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+                                 f"{inp.name}_ptr[{_unit_offset(spec, i)}];")
 
     def each(phase: str) -> list[str]:
         return [line for a in accs for line in getattr(a, phase)()]

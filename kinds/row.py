@@ -20,6 +20,7 @@ from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .kernels import (
     CPP_DTYPES,
     check_template,
+    cpp_load_type,
     cpp_params,
     cpp_statement,
     kernel_header,
@@ -200,7 +201,7 @@ class _CppRow:
             off = "r * n_cols + c" if inp.flat else (
                 f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')} "
                 f"+ c * {inp.name}_stride{spec.rank - 1}")
-        return f"const {self.ctype} x{idx} = {inp.name}_ptr[{off}];"
+        return f"const {cpp_load_type(inp.dtype, self.ctype)} x{idx} = {inp.name}_ptr[{off}];"
 
     def needed(self, targets: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
         """Element terms the targets need, in body order, not going past `known`."""

@@ -24,11 +24,12 @@ from ..engine.term import Term
 from .kernels import (
     TRITON_DTYPES,
     kernel_header,
-    term_names,
+    load_cast,
     per_row,
     print_index,
     row_width_param,
     strided_offset,
+    term_names,
     value_expr,
 )
 from .reduction import triton_accumulate, triton_finish, triton_init
@@ -108,7 +109,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
 
     def load(inp: KInput, idx: int, last: bool = False) -> str:
         row = print_index(strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
-        cast = f".to({compute})"
+        cast = load_cast(inp.dtype, compute)
         if inp.per_row:
             return f"x{idx} = tl.load({inp.name}_ptr + {'row' if inp.flat else row}){cast}"
         off = "row * n_cols + cols" if inp.flat else \
