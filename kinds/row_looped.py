@@ -9,16 +9,21 @@ reduction needs, then a last loop computing and storing the outputs. It is
 the structure of the OpenMP row kernel (kinds/row.py); the extra passes re-read
 the row, mostly from L2.
 
-Its named rewrite `welford-variance` (WELFORD), which the variants pass applies and
-records: a variance of a mean, mean((e - m) * (e - m)) with m = mean(e), is computed
-in m's pass with Welford's updates, one read of the row fewer.
+Its named rewrites, which the variants pass applies and records, each save a read
+of the row:
+- `welford-variance` (WELFORD): a variance of a mean, mean((e - m) * (e - m)) with
+  m = mean(e), is computed in m's pass with Welford's updates;
+- `online-softmax` (ONLINE): a softmax's denominator, sum(exp(e - m)) with
+  m = amax(e), is computed in m's pass, each lane's sum rescaled when its maximum
+  grows (a cross entropy over GPT-2's 50257-wide rows reads them twice, not three
+  times).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..engine.fuse import ROW_REDUCTIONS, body_terms
+from ..engine.fuse import ROW_REDUCTIONS, body_terms, reduced_dim
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .kernels import (
@@ -102,6 +107,62 @@ WELFORD = KernelRewrite(
     applies=lambda kernel: bool(welford_terms(body_terms(kernel))))
 
 
+def _exp_sum_of(t: Term) -> Term | None:
+    """The maximum m when `t` is sum(exp(e - m)) along the row with m = amax(e)
+    (softmax's and log_softmax's denominator, as rules/decompose/norms.yaml writes it)."""
+    if t.op != "sum" or t.args[0].op != "exp" or reduced_dim(t) is None:
+        return None
+    d = t.args[0].args[0]
+    if d.op != "sub" or d.attr("alpha", 1) != 1:
+        return None
+    e, m = d.args
+    if m.op != "amax" or m.args[0] is not e or reduced_dim(m) != reduced_dim(t):
+        return None
+    return m
+
+
+def online_terms(body: list[Term]) -> dict[Term, Term]:
+    """Each exp-sum the online-softmax rewrite computes in its maximum's pass -> that
+    maximum, where the maximum is a pass of its own."""
+    found: dict[Term, Term] = {}
+    maxima = {t for t in body if t.op == "amax"}
+    for t in body:
+        m = _exp_sum_of(t)
+        if m is not None and m in maxima:
+            found[t] = m
+    return found
+
+
+ONLINE = KernelRewrite(
+    name="online-softmax",
+    doc="sum(exp(e - m)) with m = amax(e) along a looped row -> computed in m's pass, "
+        "each lane's sum rescaled as its maximum grows (one read of the row fewer)",
+    location="kinds/row_looped.py",
+    applies=lambda kernel: bool(online_terms(body_terms(kernel))))
+
+
+def _online_pass(p: dict[str, Any], m: str, s: str, e: str, compute: str) -> None:
+    """Turn pass `p`, the maximum `m` of the element values `e`, into one that also
+    sums exp(e - m) as `s`: per lane, the running sum is rescaled by exp(old max -
+    new max) when the max grows; the lanes merge at their common max. Lanes that
+    saw only -inf add 0; a row whose max is -inf sums to nan, as exp(-inf - -inf)
+    makes the two-pass sum nan."""
+    acc = f"{m}_acc"
+    p["what"] = f"max of {e} and sum of exp({e} - max) (online)"
+    p["init"] = p["init"] + [f"{s}_acc = tl.zeros([BLOCK_C], {compute})"]
+    p["body"] = p["elem"] + [
+        f"{m}_e = tl.where(mask, {e}, float('-inf'))",
+        f"{m}_new = tl.maximum({acc}, {m}_e, propagate_nan=tl.PropagateNan.ALL)",
+        f"{m}_none = {m}_new == float('-inf')",
+        f"{s}_acc = {s}_acc * tl.where({m}_none, 0.0, tl.exp({acc} - {m}_new)) + "
+        f"tl.where({m}_none, 0.0, tl.exp({m}_e - {m}_new))",
+        f"{acc} = {m}_new"]
+    p["after"] += [
+        f"{s} = tl.sum({s}_acc * tl.where({acc} == float('-inf'), 0.0, tl.exp({acc} - {m})), "
+        "axis=0)",
+        f"{s} = tl.where({m} == float('-inf'), float('nan'), {s})"]
+
+
 def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     table = table or default_op_table()
     names = term_names(spec)
@@ -144,10 +205,19 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     row_lines = [load(inp, k) for k, inp in enumerate(spec.inputs) if inp.per_row]
     welford = welford_terms(spec.body) if WELFORD.name in spec.meta.get("rewrites", ()) \
         else {}
+    online = online_terms(spec.body) if ONLINE.name in spec.meta.get("rewrites", ()) \
+        else {}
     passes: list[dict[str, Any]] = []
-    pass_of: dict[Term, dict[str, Any]] = {}  # a mean -> the pass that computes it
+    pass_of: dict[Term, dict[str, Any]] = {}  # a mean or max -> the pass computing it
     for t in spec.body:
         if t.op in ("arg", "const") or t in done:
+            continue
+        top = online.get(t)
+        if top is not None and top in pass_of:
+            # the online-softmax rewrite (ONLINE): the max's pass sums exp(e - max) too
+            _online_pass(pass_of[top], names[top], names[t], names[top.args[0]], compute)
+            pass_of.pop(top)  # one sum a pass
+            done.add(t)
             continue
         mean = welford.get(t)
         if mean is not None:
@@ -183,7 +253,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
                            "init": triton_init(t.op, acc, "[BLOCK_C]", compute),
                            "body": elem + triton_accumulate(t.op, acc, names[t.args[0]], "mask"),
                            "after": after})
-            if t.op == "mean":
+            if t.op in ("mean", "amax"):
                 pass_of[t] = passes[-1]
             done.add(t)
         elif per_row(t, spec):
@@ -231,4 +301,4 @@ TEMPLATE_VARIABLES = {
 KIND = Kind(name="row_looped", template_variables=TEMPLATE_VARIABLES,
             doc="a row kernel reading a row too wide for registers in chunks",
             base="row", render=_render, launchers={"triton": "LoopedRowTritonLauncher"},
-            tuning=LoopedRowTuning(), rewrites=(WELFORD,))
+            tuning=LoopedRowTuning(), rewrites=(WELFORD, ONLINE))

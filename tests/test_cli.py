@@ -271,7 +271,7 @@ def test_rules_list_counts_what_check_counts(capsys: pytest.CaptureFixture[str])
     for line in out.splitlines():
         if any(f" {name} " in line for name in fast):
             assert line.endswith("(fast-math)"), line
-    assert "built-in steps (not rules): fold-constants, welford-variance" in out
+    assert "built-in steps (not rules): fold-constants, online-softmax, welford-variance" in out
     with pytest.raises(RuleError, match="fold-constants is a built-in step"):
         find_rule("fold-constants", opts)
     with pytest.raises(RuleError, match="welford-variance is a built-in kernel rewrite.*"

@@ -117,16 +117,29 @@ def test_backward_reads_the_logits_not_saved_log_probabilities(tmp_path: Path) -
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("looped", [False, True], ids=["whole-rows", "looped-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_triton_kernels_pick_the_targets(dtype) -> None:
+def test_triton_kernels_pick_the_targets(dtype, looped, monkeypatch) -> None:
+    """Rows in registers, and rows read in chunks (64 columns here), where the
+    forward's max and exp-sum share a pass (kinds/row_looped.py: online-softmax)."""
+    if looped:
+        from rewritec.kinds import row_looped
+        from rewritec.kinds import spec as spec_mod
+        monkeypatch.setattr(row_looped, "PERSISTENT_ROW_MAX_COLS", 64)
+        monkeypatch.setattr(spec_mod, "LOOPED_BLOCK_C", 64)
+        monkeypatch.setattr(spec_mod, "STATIC_LOOPED_BLOCK_C", 64)
+        monkeypatch.setattr(spec_mod, "STATIC_WHOLE_ROW_C", 32)
     torch.manual_seed(0)
-    logits = torch.randn(6, 40).to(dtype)
-    target = _targets(6, 40, -100)
+    c = 201 if looped else 40
+    logits = torch.randn(6, c).to(dtype)
+    target = _targets(6, c, -100)
     tol = None if dtype == torch.float32 else 2e-2
     records = _check(lambda x, t: F.cross_entropy(x.float(), t), logits, target, tol,
                      {"target": "triton"})
     for r in records:
         assert not {"gather", "scatter", "eq"} & set(r.fallback_ops), r.fallback_ops
+    if looped:
+        assert sum(r.rules_fired.get("online-softmax", 0) for r in records) == 1
 
 
 def test_integer_comparisons_join_kernels_and_stay_exact() -> None:

@@ -350,6 +350,35 @@ def test_looped_layer_norm_variance_in_one_pass(narrow_rows_loop) -> None:
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn", [softmax, log_softmax], ids=lambda f: f.__name__)
+def test_looped_softmax_max_and_sum_in_one_pass(narrow_rows_loop, fn, dtype) -> None:
+    """The online-softmax rewrite (kinds/row_looped.py: ONLINE) sums exp(x - max) in
+    the max's pass: the kernel reads each row twice, not three times, and gives eager's
+    values on rows whose max grows late, rows with -inf entries, a row of -inf only
+    (nan, as eager), a row with nan, and huge values that a late max rescales."""
+    x = torch.randn(7, 201) * 4
+    x[0] = torch.linspace(-50, 50, 201)  # the max grows in every chunk
+    x[1, ::3] = float("-inf")
+    x[2] = float("-inf")
+    x[3, 150] = float("nan")
+    x[4] = torch.linspace(80, -300, 201)  # exp overflows without the max
+    x[5, 200] = 1e4
+    x = x.to(dtype)
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(lambda a: fn(a, torch.ones(201)), target="triton", strict=True,
+                           out_dir=None)(x)
+    want = fn(x, torch.ones(201))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=tol, atol=tol)
+    assert "triton/row_looped" in _templates()
+    assert sum(r.rules_fired.get("online-softmax", 0) for r in report.RECORDS) == 1
+    source = "".join(Path(k["source"]).read_text() for r in report.RECORDS for k in r.kernels)
+    assert source.count("for c0 in range(0, n_cols, BLOCK_C)") == 2, source
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
 def test_welford_variance_is_a_traced_step_of_the_variants_pass(narrow_rows_loop) -> None:
     """kinds/row_looped.py: WELFORD. The variants pass marks the kernel, the trace
     shows the firing in phase `variants`, and only a marked kernel's render merges the
