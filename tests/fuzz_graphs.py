@@ -163,7 +163,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
 _PRECISION = ["i64", "i32", "i8", "f64", "f32", "f16", "bf16"]  # most to least precise
 # Ops after which the sign of a zero result is the kernel's choice as much as ATen's
 # (an accumulator's start, BLAS): programs with any of them skip the signed-zero check.
-SIGNED_ZERO_FREE = ("sum", "mean", "softmax", "log_softmax", "layer_norm", "batch_norm", "mm",
+SIGNED_ZERO_FREE = ("sum", "mean", "softmax", "log_softmax", "layer_norm", "batch_norm",
+                    "cross_entropy", "mm",
                     "bmm", "matmul", "conv2d", "sdpa")
 # A compiled value at most this many times further from the float64 run than
 # eager's value (plus the tolerance) is a rounding difference, not a bug.
@@ -291,6 +292,11 @@ def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.log_softmax(x, dim=-1)
     if name == "layer_norm":
         return F.layer_norm(x, (x.shape[-1],), eps=p[0])
+    if name == "cross_entropy":  # rows of the last dim; targets from the row positions,
+        rows = x.reshape(-1, x.shape[-1])  # every third row ignored (-100)
+        pos = torch.arange(rows.shape[0], device=x.device)
+        target = torch.where(pos % 3 == 1, -100, (pos * 7) % rows.shape[1])
+        return F.cross_entropy(rows, target, ignore_index=-100, reduction=p[0])
     if name == "batch_norm":  # training: the batch's statistics per channel (dim 1)
         return F.batch_norm(x, None, None, training=True, eps=p[0])
     if name == "transpose":
@@ -820,6 +826,8 @@ def _op_kinds(x: torch.Tensor, allow_conv: bool, computed: bool) -> list[str]:
         kinds += list(LASTDIM) + ["transpose", "permute", "slice", "select"]
     if r >= 2 and x.is_floating_point():
         kinds.append("batch_norm")
+    if r >= 1 and x.is_floating_point():
+        kinds.append("cross_entropy")  # an integer comparison inside its row kernels
     kinds += ["reshape", "view", "expand", "unsqueeze"]
     if r >= 1:
         kinds.append("matmul")
@@ -911,6 +919,8 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
             p = (tuple(dims), draw(st.booleans()))
     elif kind in ("layer_norm", "batch_norm"):
         p = (draw(st.sampled_from([1e-5, 1e-3])),)
+    elif kind == "cross_entropy":
+        p = (draw(st.sampled_from(["mean", "sum", "none"])),)
     elif kind == "transpose":
         p = (draw(st.integers(-r, r - 1)), draw(st.integers(-r, r - 1)))
     elif kind == "permute":
@@ -1089,10 +1099,12 @@ def large_reductions(draw: Any) -> Graph:
         b.try_op(Op(draw(st.sampled_from(["abs", "sigmoid", "relu"])), (0,)), limit=False)
     last = len(b.stmts) - 1
     kind = draw(st.sampled_from(["sum", "sum", "mean", "amax", "softmax", "log_softmax",
-                                 "layer_norm"]))
+                                 "layer_norm", "cross_entropy"]))
     if kind in REDUCE:
         dims = draw(st.sampled_from([None, (-1,), (0,)]))
         params: tuple[Any, ...] = (dims, draw(st.booleans())) if dims else (None, False)
+    elif kind == "cross_entropy":
+        params = (draw(st.sampled_from(["mean", "sum", "none"])),)
     else:
         params = (1e-5,) if kind == "layer_norm" else ()
     assert b.try_op(Op(kind, (last,), params), limit=False)
