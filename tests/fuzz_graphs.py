@@ -417,6 +417,11 @@ def least_precise(graph: Graph) -> str:
     names |= {s.params[0] for s in graph.ops() if s.op == "cast"}
     if graph.autocast is not None:
         names.add(graph.autocast)
+    ints = names & set(INT_DTYPES)
+    if ints and names - ints:
+        # an op of integers gives torch's default float dtype (log of an i64 is f32)
+        # whatever float the program casts it to after: f32's rounding, at least
+        names.add("f32")
     if names - set(INT_DTYPES):  # a float result: its rounding, not integer exactness
         names -= set(INT_DTYPES)
     return max(names, key=_PRECISION.index)
