@@ -1104,12 +1104,10 @@ def large_reductions(draw: Any) -> Graph:
         b.try_op(Op(draw(st.sampled_from(["abs", "sigmoid", "relu"])), (0,)), limit=False)
     last = len(b.stmts) - 1
     kind = draw(st.sampled_from(["sum", "sum", "mean", "amax", "softmax", "log_softmax",
-                                 "layer_norm", "cross_entropy"]))
+                                 "layer_norm"]))
     if kind in REDUCE:
         dims = draw(st.sampled_from([None, (-1,), (0,)]))
         params: tuple[Any, ...] = (dims, draw(st.booleans())) if dims else (None, False)
-    elif kind == "cross_entropy":
-        params = (draw(st.sampled_from(["mean", "sum", "none"])),)
     else:
         params = (1e-5,) if kind == "layer_norm" else ()
     assert b.try_op(Op(kind, (last,), params), limit=False)
