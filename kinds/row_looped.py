@@ -123,12 +123,11 @@ def _exp_sum_of(t: Term) -> Term | None:
 
 def online_terms(body: list[Term]) -> dict[Term, Term]:
     """Each exp-sum the online-softmax rewrite computes in its maximum's pass -> that
-    maximum, where the maximum is a pass of its own."""
+    maximum (a row reduction of the body, so a pass of its own)."""
     found: dict[Term, Term] = {}
-    maxima = {t for t in body if t.op == "amax"}
     for t in body:
         m = _exp_sum_of(t)
-        if m is not None and m in maxima:
+        if m is not None:
             found[t] = m
     return found
 

@@ -200,10 +200,11 @@ class _Slot:
     # check then makes no storage object per result (588 results a ResNet-50 forward)
     storages: list[Any] = field(default_factory=list)
     handles: list[int] = field(default_factory=list)
-    copied: tuple[int, ...] = ()  # the arguments copied into `buffers`
 
     def __post_init__(self) -> None:
         self._checked = (list(self.reads), list(self.static))  # as _SAME_ADDRESSES takes them
+        # the arguments copied into `buffers` at each replay
+        self.copied = tuple(i for i, b in enumerate(self.buffers) if b is not None)
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
@@ -422,8 +423,7 @@ class CudaGraphRunner:
         slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
                      [o.data_ptr() for o in tensors],
                      [torch._C._storage_Use_Count(h) for h in handles],
-                     frozenset(copies), static, storages, handles,
-                     tuple(i for i, b in enumerate(buffers) if b is not None))
+                     frozenset(copies), static, storages, handles)
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
         _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
         if self.pool is not None:
