@@ -22,10 +22,14 @@ The runner keeps results exactly as without it:
   alive (their storages' use counts, `_Slot.free`). A loop `y = f(x)` still
   holds the last result while the next call runs, so an inference entry records
   up to `SLOTS` graphs and alternates between them; when every one is busy, the
-  call runs the plain wrapper. A training forward graph hands the caller copies
-  of its user-visible results (the loss, logits) and the rest, the activations
-  autograd frees in the backward, over its memory; training graphs record one
-  graph per entry and share one memory pool between forward and backward (`Pool`);
+  call runs the plain wrapper. Training graphs record one graph per entry and
+  share one memory pool between forward and backward (`Pool`). A training forward
+  graph hands out its results over its memory too, user-visible ones (the loss,
+  logits) included, so that a graph compiled from the next piece of the program
+  (a loss after a graph break) reads them where they are. A user-visible result
+  found still held when its graph, or a graph recorded after it while it was dead
+  (which may have put temporaries in its memory), is about to replay is handed out
+  as a copy from then on (`_Slot.copies`); that call runs plainly;
 - under `auto`, only graphs of at least AUTO_MIN_LAUNCHES kernel launches and
   ATen calls (AUTO_MIN_LAUNCHES_NO_MATMUL without matrix products) are replayed;
   any capture error means the plain wrapper from then on.
@@ -172,6 +176,16 @@ class Pool:
             later = later or other is slot
         return True
 
+    def dead(self) -> list[tuple[_Slot, list[int]]]:
+        """The results of this pool's slots that nothing outside holds now, per slot
+        (indices into its `tensors`): memory a graph recorded now may reuse."""
+        out = []
+        for slot in self.slots:
+            dead = slot.dead()
+            if dead:
+                out.append((slot, dead))
+        return out
+
 
 @dataclass
 class _Slot:
@@ -191,27 +205,56 @@ class _Slot:
     # could otherwise hide one of the caller's (the graph then runs plainly, never
     # over a result still held)
     uses: list[int]
-    # result positions handed out as copies: a forward graph's results for the caller
-    # (kept past the step, unlike the activations autograd frees in the backward) and
-    # results over an input buffer the next call refills
-    copies: frozenset[int] = frozenset()
+    # result positions handed out as copies: results over an input buffer the next
+    # call refills, and user-visible results of a forward graph once one was found
+    # held past its step (`CudaGraphRunner._copy_held`)
+    copies: set[int] = field(default_factory=set)
     static: tuple[int, ...] = ()  # the arguments read where they are
     # each tensor's storage, held (counted in `uses`), and its handle: the replay's
     # check then makes no storage object per result (588 results a ResNet-50 forward)
     storages: list[Any] = field(default_factory=list)
     handles: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)  # each tensor's result position
+    user: frozenset[int] = frozenset()  # positions the caller sees (a forward's outputs)
+    # results of slots recorded before this one in its pool that were dead when it
+    # was recorded (indices into their `tensors`): this graph may write over them,
+    # so it replays only while they are dead
+    exposed: list[tuple[_Slot, list[int]]] = field(default_factory=list)
+    # the runner's positions found held once: every slot it records copies them
+    held_once: set[int] = field(default_factory=set)
+    # results that view an argument read in place (a loss graph saving the logits it
+    # reads): per position, the argument and the view's size, stride and offset. The
+    # slot keeps no tensor of theirs, whose hold on the argument's storage would make
+    # the graph that produced it look held by its caller for good.
+    aliases: dict[int, tuple[int, Any, Any, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._checked = (list(self.reads), list(self.static))  # as _SAME_ADDRESSES takes them
         # the arguments copied into `buffers` at each replay
         self.copied = tuple(i for i, b in enumerate(self.buffers) if b is not None)
+        self._plain: bool | None = None
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
         storage was resized away from the graph's memory)."""
+        return (list(map(torch._C._storage_Use_Count, self.handles)) == self.uses
+                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.addresses)
+
+    def dead(self) -> list[int]:
+        """Indices of the results (into `tensors`) that nothing outside holds."""
         count = torch._C._storage_Use_Count
-        return all(o.data_ptr() == a and count(h) == u for o, a, h, u in
-                   zip(self.tensors, self.addresses, self.handles, self.uses, strict=True))
+        return [j for j, (h, u) in enumerate(zip(self.handles, self.uses, strict=True))
+                if count(h) == u]
+
+    def held(self, indices: Sequence[int]) -> list[int]:
+        """Those of `indices` (into `tensors`) whose memory something outside holds."""
+        count = torch._C._storage_Use_Count
+        return [j for j in indices if count(self.handles[j]) != self.uses[j]
+                or self.tensors[j].data_ptr() != self.addresses[j]]
+
+    def unexposed(self) -> bool:
+        """Are the earlier slots' results this graph may write over still dead?"""
+        return not any(slot.held(dead) for slot, dead in self.exposed)
 
     def takes(self, args: Sequence[torch.Tensor]) -> bool:
         """Are the arguments read in place where the graph reads them?"""
@@ -233,13 +276,25 @@ class _Slot:
         elif dsts:
             dsts[0].copy_(srcs[0])
 
-    def results(self) -> Any:
-        """New tensors over the results' memory (copies where `copies` says), in the
-        wrapper's container type."""
+    def results(self, args: Sequence[torch.Tensor]) -> Any:
+        """New tensors over the results' memory (copies where `copies` says) and over
+        the arguments the `aliases` view, in the wrapper's container type."""
         kind: Any = type(self.outputs)  # a list or a tuple
         copies = self.copies
-        return kind((o.clone() if i in copies else o.detach()) if isinstance(o, torch.Tensor)
-                    else o for i, o in enumerate(self.outputs))
+        if not copies and not self.aliases and self.plain_outputs:
+            return kind(map(torch.Tensor.detach, self.outputs))
+        out = [(o.clone() if i in copies else o.detach()) if isinstance(o, torch.Tensor)
+               else o for i, o in enumerate(self.outputs)]
+        for i, (a, size, stride, offset) in self.aliases.items():
+            out[i] = args[a].detach().as_strided(size, stride, offset)
+        return kind(out)
+
+    @property
+    def plain_outputs(self) -> bool:
+        """Are all results tensors?"""
+        if self._plain is None:
+            self._plain = all(isinstance(o, torch.Tensor) for o in self.outputs)
+        return self._plain
 
 
 @dataclass
@@ -267,10 +322,11 @@ class CudaGraphRunner:
     """A boxed callable (takes a list of arguments) around the plain wrapper `fn`.
 
     `kind` is the graph's (inference, forward or backward). Training graphs record
-    one graph per entry (`slots`), share `pool` between forward and backward, and a
-    forward graph hands its first `user_outputs` results out as copies: the caller
-    keeps those past the next step, while the activations saved for the backward
-    die in it."""
+    one graph per entry (`slots`) and share `pool` between forward and backward. A
+    forward graph's first `user_outputs` results are the caller's; the rest are the
+    activations saved for the backward, which die in it. The caller's are handed out
+    over the graph's memory until one is found held past its step (a loss kept in a
+    list), and as copies from then on (`_copy_held`)."""
 
     def __init__(self, fn: Callable[[list[Any]], Any], params: Sequence[bool], mode: str,
                  log: Callable[[str], None] | None = None, *, kind: str = "inference",
@@ -291,6 +347,8 @@ class CudaGraphRunner:
         self.slots = SLOTS if kind == "inference" else 1
         # per key, the arguments (weakly) and addresses of the last plain call
         self.seen: dict[Any, tuple[tuple[Any, int], ...]] = {}
+        self.held_once: set[int] = set()  # user results found held past their step
+        self.recorded = "CUDA graph"  # the last recording's log line
         self.graphs: dict[Any, _Entry] = {}
         self.disabled: str | None = None
         self.plain = 0  # calls that found every slot busy (tests read it)
@@ -328,8 +386,7 @@ class CudaGraphRunner:
         entry = self.graphs.get(key)
         if entry is None:
             if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
-                self.seen[key] = _seen(args)
-                return self.fn(args)
+                return self._run_plainly(key, args)
             # Training graphs fold nothing, and the optimizer updates the parameters in
             # place every step: only an inference graph's parameters are watched.
             params = [a for i, a in enumerate(args) if self._is_param(i)
@@ -340,14 +397,13 @@ class CudaGraphRunner:
             # may be stale inside the graphs, so record them again
             self._retire(entry.slots)
             del self.graphs[key]
-            self.seen[key] = _seen(args)
-            return self.fn(args)
+            return self._run_plainly(key, args)
         slot = self._pick(entry, args)
         if slot is None:
-            if len(entry.slots) >= self.slots and not self._make_room(entry, args):
+            if len(entry.slots) >= self.slots and not self._copy_held(entry, args) \
+                    and not self._make_room(entry, args):
                 self.plain += 1
-                self.seen[key] = _seen(args)
-                return self.fn(args)
+                return self._run_plainly(key, args)
             try:
                 slot = self._capture(args, self.seen.get(key))
             except Exception as e:  # noqa: BLE001 - no graph: the plain wrapper stays
@@ -359,8 +415,9 @@ class CudaGraphRunner:
         slot.fill(args)
         slot.replay()
         self.replays += 1
+        out = slot.results(args)
         args.clear()  # as the plain wrapper does: the caller's references are its own
-        return slot.results()
+        return out
 
     def _make_room(self, entry: _Entry, args: list[torch.Tensor]) -> bool:
         """Every slot is taken. One that is free but reads in place a tensor the
@@ -376,6 +433,42 @@ class CudaGraphRunner:
                 return True
         return False
 
+    def _run_plainly(self, key: Any, args: list[Any]) -> Any:
+        """The plain wrapper, remembering the arguments for the next recording.
+
+        (Whether the caller still holds this call's results when the next one records
+        says little: TorchDynamo keeps the values of the call it compiled on.)"""
+        self.seen[key] = _seen(args)
+        return self.fn(args)
+
+    def _copy_held(self, entry: _Entry, args: list[torch.Tensor]) -> bool:
+        """Slots that read these arguments but cannot replay because the caller holds
+        a user-visible result of a forward graph (the slot's own, or one an earlier
+        graph handed out whose memory the slot may reuse): that result is handed out
+        as a copy from now on. A slot held up by nothing else is retired, up to
+        RERECORDS times, so that this call records it again. True if one was."""
+        retired = False
+        for slot in list(entry.slots):
+            if not slot.takes(args):
+                continue
+            own = slot.held(range(len(slot.tensors)))
+            for owner, indices in [(slot, own)] + [(s, s.held(d)) for s, d in slot.exposed]:
+                new = {owner.positions[j] for j in indices} & owner.user - owner.copies
+                if new:
+                    owner.copies |= new
+                    owner.held_once |= new
+                    whose = "" if owner is slot else " of an earlier graph"
+                    self.log(f"{self.recorded}; result(s) {sorted(new)}{whose} held past "
+                             "the step that made them: handed out as copies from now on")
+            if own and self.rerecords < RERECORDS and all(
+                    slot.positions[j] in slot.copies & slot.user for j in own) \
+                    and slot.unexposed() and (self.pool is None or self.pool.clear_after(slot)):
+                self.rerecords += 1
+                entry.slots.remove(slot)
+                self._retire([slot])
+                retired = True
+        return retired
+
     def _retire(self, slots: list[_Slot]) -> None:
         if self.pool is not None:
             self.pool.slots = [s for s in self.pool.slots if s not in slots]
@@ -384,7 +477,7 @@ class CudaGraphRunner:
         """A free slot that reads the arguments it reads in place where they are, and
         whose replay overwrites no result still held."""
         for slot in entry.slots:
-            if slot.takes(args) and slot.free() and (
+            if slot.takes(args) and slot.free() and slot.unexposed() and (
                     self.pool is None or self.pool.clear_after(slot)):
                 return slot
         return None
@@ -401,37 +494,48 @@ class CudaGraphRunner:
             # a copy would take the update the caller's tensor must see
             raise RuntimeError("an input the graph writes into is not read in place")
         inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+        # the earlier graphs' results that are dead now: this recording may reuse
+        # their memory (Pool)
+        exposed = self.pool.dead() if self.pool is not None else []
         replay, outputs = self._record(inputs)
         buffers = [None if i in static else a for i, a in enumerate(inputs)]
         given = {_storage(a): i for i, a in enumerate(inputs)}
-        tensors, copies = [], set()
+        copies = set(self.held_once)
+        tensors, positions, user, aliases = [], [], set(), {}
         for i, o in enumerate(outputs):
             if not isinstance(o, torch.Tensor):
                 continue
             reads = given.get(_storage(o))
-            if self.user_outputs is not None and i < self.user_outputs \
-                    and i not in self.applied:
-                copies.add(i)
-            elif reads is not None:
+            if reads is not None:
                 if reads not in static:
                     copies.add(i)  # over a buffer the next call refills
+                elif o.dtype == inputs[reads].dtype:
+                    aliases[i] = (reads, o.size(), o.stride(), o.storage_offset())
                 continue  # a view of a tensor the caller owns: not the graph's memory
-            if i not in copies or reads is None:
-                tensors.append(o)
+            if self.user_outputs is not None and i < self.user_outputs \
+                    and i not in self.applied:
+                user.add(i)
+            tensors.append(o)
+            positions.append(i)
+        if aliases:
+            outputs = type(outputs)(None if i in aliases else o for i, o in enumerate(outputs))
         storages = [o.untyped_storage() for o in tensors]
         handles = [st._cdata for st in storages]
         slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
                      [o.data_ptr() for o in tensors],
                      [torch._C._storage_Use_Count(h) for h in handles],
-                     frozenset(copies), static, storages, handles)
+                     copies, static, storages, handles, positions, frozenset(user), exposed,
+                     self.held_once, aliases)
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
         _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
         if self.pool is not None:
             self.pool.slots.append(slot)
         where = ("the caller's tensors" if len(static) == len(args) else
-                 f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in")
-        self.log(f"CUDA graph recorded for {len(args)} argument(s), reading {where}: "
-                 "replayed from now on")
+                 f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in"
+                 f" ({_largest(args, static)})")
+        self.recorded = (f"CUDA graph recorded for {len(args)} argument(s), reading {where}: "
+                         "replayed from now on")
+        self.log(self.recorded)
         return slot
 
     def _record(self, inputs: list[torch.Tensor]) -> tuple[Callable[[], Any], Sequence[Any]]:
@@ -458,6 +562,14 @@ class CudaGraphRunner:
             _after_failed_capture(graph)
             raise
         return graph.replay, outputs
+
+
+def _largest(args: Sequence[torch.Tensor], static: Sequence[int], top: int = 3) -> str:
+    """The largest arguments copied into buffers at each replay, for the log."""
+    copied = sorted((i for i in range(len(args)) if i not in static),
+                    key=lambda i: -args[i].numel())
+    return ", ".join(f"#{i} {list(args[i].shape)} {str(args[i].dtype).removeprefix('torch.')}"
+                     for i in copied[:top])
 
 
 def _after_failed_capture(graph: torch.cuda.CUDAGraph) -> None:

@@ -77,11 +77,15 @@ class RecordingOnCpu(CudaGraphRunner):
         # a graph keeps its own buffers alive, not the caller's tensors
         owned = [None if inp is a else inp for inp, a in zip(inputs, self._args, strict=True)]
         outputs = self.fn(list(inputs))
+        # nor the results that view the caller's tensors (a real graph holds no tensor)
+        callers = {a.untyped_storage().data_ptr() for a in self._args}
+        written = [None if o.untyped_storage().data_ptr() in callers else o for o in outputs]
 
         def replay() -> None:
             now = [o if o is not None else a for o, a in zip(owned, self._args, strict=True)]
-            for out, new in zip(outputs, self.fn(now), strict=True):
-                out.copy_(new)
+            for out, new in zip(written, self.fn(now), strict=True):
+                if out is not None:
+                    out.copy_(new)
 
         return replay, outputs
 
@@ -312,10 +316,86 @@ def test_training_graphs_copy_the_loss_out_and_read_saved_activations_in_place()
         torch.testing.assert_close(loss, ((x * w_then) ** 2).sum())
     (fw_slot,) = fw.graphs[next(iter(fw.graphs))].slots
     (bw_slot,) = bw.graphs[next(iter(bw.graphs))].slots
-    assert fw_slot.static == (1,) and fw_slot.copies == frozenset({0})
+    assert fw_slot.static == (1,) and fw_slot.copies == {0}  # held since the first step
     assert 0 in bw_slot.static  # the saved activation: the forward graph's memory
     assert fw.plain == bw.plain == 0 and fw.replays == bw.replays == 5
     assert pool.slots == [fw_slot, bw_slot]
+
+
+def _split_pair():
+    """Two compiled pieces of one step, as TorchDynamo splits a model and its loss at
+    a graph break: a forward graph whose user result (logits) the loss graph reads."""
+    from rewritec.runtime.cudagraphs import Pool
+
+    model = RecordingOnCpu(lambda a: (a[0] @ a[1],), params=[False, True], mode="on",
+                           kind="forward", user_outputs=1, pool=Pool())
+    loss = RecordingOnCpu(lambda a: (a[0].logsumexp(1).sum(), a[0] * 1.0), params=[False],
+                          mode="on", kind="forward", user_outputs=1, pool=Pool())
+    return model, loss
+
+
+def test_a_result_the_next_graph_reads_is_handed_out_uncopied_and_read_in_place() -> None:
+    model, loss = _split_pair()
+    w = torch.randn(4, 6)
+    x = torch.randn(3, 4)  # an input buffer refilled in place
+    for _ in range(5):
+        x.copy_(torch.randn(3, 4))
+        (logits,) = model([x, w])
+        total, saved = loss([logits])
+        torch.testing.assert_close(total, (x @ w).logsumexp(1).sum())
+        torch.testing.assert_close(saved, x @ w)
+        del logits, saved, total
+    (m_slot,) = next(iter(model.graphs.values())).slots
+    (l_slot,) = next(iter(loss.graphs.values())).slots
+    assert m_slot.copies == set() and l_slot.copies == set()
+    assert l_slot.static == (0,)  # the logits: the model graph's memory, no copy
+    assert model.replays == loss.replays == 4 and model.plain == loss.plain == 0
+
+
+def test_a_result_held_from_some_step_on_is_kept_and_copied_from_then_on() -> None:
+    """A caller that starts keeping the logits: what it keeps never changes, that
+    result is handed out as a copy from then on, and the graph is recorded again
+    (not run plainly for good) while the caller still holds the first one."""
+    model, loss = _split_pair()
+    w = torch.randn(4, 6)
+    x = torch.randn(3, 4)
+    kept = []
+    for step in range(8):
+        x.copy_(torch.randn(3, 4))
+        (logits,) = model([x, w])
+        loss([logits])
+        if step >= 3:
+            kept.append((logits, x @ w))
+        del logits
+    for got, want in kept:
+        torch.testing.assert_close(got, want)
+    (m_slot,) = next(iter(model.graphs.values())).slots
+    assert m_slot.copies == {0}
+    assert model.rerecords == 1 and model.plain == 0 and model.replays == 7
+
+
+def test_a_graph_never_writes_over_a_held_result_whose_memory_it_may_reuse() -> None:
+    """The backward was recorded while the forward's user result was dead (so its
+    temporaries may sit in that memory); a caller holding that result later makes
+    the backward run plainly, and the forward copy it out from then on."""
+    fw, bw, _ = _training_pair()
+    w = torch.randn(4)
+    for _ in range(3):
+        loss, saved = fw([torch.randn(3, 4), w])
+        del loss  # dead before the backward runs: the recording may reuse it
+        bw([saved, torch.ones(())])
+        del saved
+    x = torch.randn(3, 4)
+    loss, saved = fw([x, w])
+    want = loss.clone()
+    (dw,) = bw([saved, torch.ones(())])
+    assert bw.plain == 1  # the held loss is among what the backward may overwrite
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(dw, (2 * x * w).sum(0))
+    (fw_slot,) = fw.graphs[next(iter(fw.graphs))].slots
+    assert fw_slot.copies == {0}
+    (bw_slot,) = bw.graphs[next(iter(bw.graphs))].slots
+    assert bw_slot.exposed and bw_slot.exposed[0][0] is fw_slot
 
 
 def test_running_statistics_are_handed_out_uncopied_and_weights_read_in_place() -> None:
@@ -353,7 +433,7 @@ def test_running_statistics_are_handed_out_uncopied_and_weights_read_in_place() 
         del saved, dw
     (fw_slot,) = fw.graphs[next(iter(fw.graphs))].slots
     (bw_slot,) = bw.graphs[next(iter(bw.graphs))].slots
-    assert fw_slot.copies == frozenset({1})  # the loss only
+    assert fw_slot.copies == {1}  # the loss, which the loop holds into the next call
     assert bw_slot.static == (0, 1)  # the saved activation and the forward's weight
     assert fw.replays == bw.replays == 4 and fw.plain == bw.plain == 0
 
@@ -455,6 +535,47 @@ def test_reduce_overhead_training_matches_eager_step_after_step(autocast: bool) 
         torch.testing.assert_close(got, want, **tol)
     decided = [r.cudagraphs for r in report.RECORDS if r.kind in ("forward", "backward")]
     assert decided and all("recorded" in d for d in decided), decided
+
+
+@cuda
+def test_reduce_overhead_a_loss_after_a_graph_break_reads_the_logits_in_place() -> None:
+    """A model and its loss compiled as two graphs (a graph break between them, as
+    in HF's language models): the loss graph reads the model graph's logits where
+    they are, losses and gradients equal eager's, and logits a caller keeps from
+    some step on never change."""
+    torch.manual_seed(0)
+    model, ref = TrainBlock().cuda(), TrainBlock().cuda()
+    ref.load_state_dict(model.state_dict())
+
+    def step(m, x, t):
+        logits = m(x)
+        torch._dynamo.graph_break()
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), t), logits
+
+    compiled = torch.compile(step, backend="rewritec", mode="reduce-overhead")
+    report.reset()
+    kept = []
+    for i in range(7):
+        x = torch.randn(8, 16, 64, device="cuda")
+        t = torch.randint(64, (8 * 16,), device="cuda")
+        got = []
+        for m, fn in ((model, compiled), (ref, step)):
+            m.zero_grad(set_to_none=True)
+            torch.compiler.cudagraph_mark_step_begin()
+            loss, logits = fn(m, x, t)
+            loss.backward()
+            got.append((loss.detach(), logits, [p.grad.clone() for p in m.parameters()]))
+        torch.testing.assert_close(got[0][0], got[1][0], rtol=1e-4, atol=1e-4)
+        for g, e in zip(got[0][2], got[1][2], strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+        if i >= 4:
+            kept.append((got[0][1], got[1][1].detach().clone()))
+        del got
+    for held, want in kept:
+        torch.testing.assert_close(held, want, rtol=1e-4, atol=1e-4)
+    decided = [r.cudagraphs for r in report.RECORDS if r.kind in ("forward", "backward")]
+    assert len(decided) >= 4 and all("recorded" in d for d in decided), decided
+    assert any("copies from now on" in d for d in decided), decided  # the kept logits
 
 
 def test_training_graphs_may_write_their_inputs_where_they_are() -> None:
