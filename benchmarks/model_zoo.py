@@ -13,6 +13,7 @@ A spec whose library is missing is skipped by the harness with `missing()`'s lin
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -70,15 +71,22 @@ def _logits(m: torch.nn.Module, x: Inputs) -> torch.Tensor:
     return m(**x).logits
 
 
+def no_cache(m: torch.nn.Module) -> dict[str, Any]:
+    """`use_cache=False` for a model whose forward takes it (decoders; encoders such
+    as BERT do not in every transformers version)."""
+    takes = "use_cache" in inspect.signature(m.forward).parameters
+    return {"use_cache": False} if takes else {}
+
+
 def _lm_loss(m: torch.nn.Module, x: Inputs) -> torch.Tensor:
     # a training step keeps no KV cache: with one, every layer's first `update` is a
     # guard Dynamo recompiles on, and a graph split into blocks hits its recompile limit
-    return m(**x, labels=x["input_ids"], use_cache=False).loss
+    return m(**x, labels=x["input_ids"], **no_cache(m)).loss
 
 
 def _seq2seq_loss(m: torch.nn.Module, x: Inputs) -> torch.Tensor:
     # labels make T5 build its own decoder inputs (labels shifted right)
-    return m(input_ids=x["input_ids"], labels=x["decoder_input_ids"], use_cache=False).loss
+    return m(input_ids=x["input_ids"], labels=x["decoder_input_ids"], **no_cache(m)).loss
 
 
 def _hf_built(model: torch.nn.Module, vocab: int, seq: int, decoder: bool = False) -> Built:

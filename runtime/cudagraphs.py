@@ -533,8 +533,10 @@ class CudaGraphRunner:
         where = ("the caller's tensors" if len(static) == len(args) else
                  f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in"
                  f" ({_largest(args, static)})")
-        self.recorded = (f"CUDA graph recorded for {len(args)} argument(s), reading {where}: "
-                         "replayed from now on")
+        held = f"; result(s) {sorted(self.held_once)} handed out as copies (held past " \
+            "their step before)" if self.held_once else ""
+        self.recorded = (f"CUDA graph recorded for {len(args)} argument(s), reading {where}"
+                         f"{held}: replayed from now on")
         self.log(self.recorded)
         return slot
 

@@ -27,7 +27,7 @@ from models import MLP, GPT2Block, ParamArith, SmallCNN, no_fallback, tol
 from torch import nn
 
 from rewritec import report
-from rewritec.benchmarks.model_zoo import BY_NAME, TINY_BATCH
+from rewritec.benchmarks.model_zoo import BY_NAME, TINY_BATCH, no_cache
 from rewritec.engine.errors import RewritecError
 from rewritec.frontend.export import export_and_compile
 from rewritec.options import Options
@@ -53,7 +53,7 @@ class Logits(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
+        return self.model(input_ids=input_ids, **no_cache(self.model)).logits
 
 
 def _zoo(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
