@@ -501,7 +501,8 @@ class CudaGraphRunner:
         buffers = [None if i in static else a for i, a in enumerate(inputs)]
         given = {_storage(a): i for i, a in enumerate(inputs)}
         copies = set(self.held_once)
-        tensors, positions, user, aliases = [], [], set(), {}
+        tensors, positions, user = [], [], set()
+        aliases: dict[int, tuple[int, Any, Any, int]] = {}
         for i, o in enumerate(outputs):
             if not isinstance(o, torch.Tensor):
                 continue
@@ -510,7 +511,7 @@ class CudaGraphRunner:
                 if reads not in static:
                     copies.add(i)  # over a buffer the next call refills
                 elif o.dtype == inputs[reads].dtype:
-                    aliases[i] = (reads, o.size(), o.stride(), o.storage_offset())
+                    aliases[i] = (reads, o.size(), o.stride(), int(o.storage_offset()))
                 continue  # a view of a tensor the caller owns: not the graph's memory
             if self.user_outputs is not None and i < self.user_outputs \
                     and i not in self.applied:
@@ -518,7 +519,8 @@ class CudaGraphRunner:
             tensors.append(o)
             positions.append(i)
         if aliases:
-            outputs = type(outputs)(None if i in aliases else o for i, o in enumerate(outputs))
+            kind: Any = type(outputs)  # a list or a tuple
+            outputs = kind(None if i in aliases else o for i, o in enumerate(outputs))
         storages = [o.untyped_storage() for o in tensors]
         handles = [st._cdata for st in storages]
         slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
