@@ -79,7 +79,8 @@ class RecordingOnCpu(CudaGraphRunner):
         outputs = self.fn(list(inputs))
         # nor the results that view the caller's tensors (a real graph holds no tensor)
         callers = {a.untyped_storage().data_ptr() for a in self._args}
-        written = [None if o.untyped_storage().data_ptr() in callers else o for o in outputs]
+        written = [o if isinstance(o, torch.Tensor)
+                   and o.untyped_storage().data_ptr() not in callers else None for o in outputs]
 
         def replay() -> None:
             now = [o if o is not None else a for o, a in zip(owned, self._args, strict=True)]
