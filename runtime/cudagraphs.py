@@ -29,7 +29,8 @@ The runner keeps results exactly as without it:
   (a loss after a graph break) reads them where they are. A user-visible result
   found still held when its graph, or a graph recorded after it while it was dead
   (which may have put temporaries in its memory), is about to replay is handed out
-  as a copy from then on (`_Slot.copies`); that call runs plainly;
+  as a copy from then on (`_Slot.copies`); that call records the graph again (at
+  most RERECORDS times) or, while something else holds it up, runs plainly;
 - under `auto`, only graphs of at least AUTO_MIN_LAUNCHES kernel launches and
   ATen calls (AUTO_MIN_LAUNCHES_NO_MATMUL without matrix products) are replayed;
   any capture error means the plain wrapper from then on.
@@ -223,9 +224,10 @@ class _Slot:
     # the runner's positions found held once: every slot it records copies them
     held_once: set[int] = field(default_factory=set)
     # results that view an argument read in place (a loss graph saving the logits it
-    # reads): per position, the argument and the view's size, stride and offset. The
-    # slot keeps no tensor of theirs, whose hold on the argument's storage would make
-    # the graph that produced it look held by its caller for good.
+    # reads): per position, the argument, the view's size and stride, and its storage
+    # offset less the argument's. The slot keeps no tensor of theirs, whose hold on
+    # the argument's storage would make the graph that produced it look held by its
+    # caller for good.
     aliases: dict[int, tuple[int, Any, Any, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -285,8 +287,9 @@ class _Slot:
             return kind(map(torch.Tensor.detach, self.outputs))
         out = [(o.clone() if i in copies else o.detach()) if isinstance(o, torch.Tensor)
                else o for i, o in enumerate(self.outputs)]
-        for i, (a, size, stride, offset) in self.aliases.items():
-            out[i] = args[a].detach().as_strided(size, stride, offset)
+        for i, (a, size, stride, rel) in self.aliases.items():
+            arg = args[a]
+            out[i] = arg.detach().as_strided(size, stride, arg.storage_offset() + rel)
         return kind(out)
 
     @property
@@ -510,8 +513,9 @@ class CudaGraphRunner:
             if reads is not None:
                 if reads not in static:
                     copies.add(i)  # over a buffer the next call refills
-                elif o.dtype == inputs[reads].dtype:
-                    aliases[i] = (reads, o.size(), o.stride(), int(o.storage_offset()))
+                elif o.dtype == inputs[reads].dtype:  # its offset from the argument's
+                    rel = int(o.storage_offset()) - int(inputs[reads].storage_offset())
+                    aliases[i] = (reads, o.size(), o.stride(), rel)
                 continue  # a view of a tensor the caller owns: not the graph's memory
             if self.user_outputs is not None and i < self.user_outputs \
                     and i not in self.applied:
