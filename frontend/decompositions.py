@@ -108,7 +108,27 @@ def decomposition_table(keep: tuple[str, ...] = (), training: bool = False) -> d
     # the column positions, which a row kernel computes where it reads the row
     table[torch.ops.aten.nll_loss_forward.default] = _nll_loss_forward
     table[torch.ops.aten.nll_loss_backward.default] = _nll_loss_backward
+    # kept whole above, but for the statistics' dtype on mixed inputs
+    table[torch.ops.aten.native_layer_norm_backward.default] = _layer_norm_backward
     return table
+
+
+def _layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, normalized_shape: Any,
+                         mean: torch.Tensor, rstd: torch.Tensor, weight: Any, bias: Any,
+                         output_mask: Any) -> Any:
+    """ATen's layer_norm backward, with the mean and rstd in f32 where the input is
+    half and the weight f32 (CPU autocast leaves a bf16 GELU output into an f32
+    LayerNorm). Eager's forward returns them in f32 then and the backward requires
+    them so, but the traced graph (FakeTensor's dtypes) has them in the input's dtype,
+    so a compiled forward saves them in bf16 and the backward refused them. Anything
+    else is the op itself (NotImplemented: the tracer records it unchanged)."""
+    mixed = input.dtype in (torch.float16, torch.bfloat16) and isinstance(
+        weight, torch.Tensor) and weight.dtype == torch.float32
+    if not mixed or (mean.dtype == torch.float32 and rstd.dtype == torch.float32):
+        return NotImplemented
+    return torch.ops.aten.native_layer_norm_backward.default(
+        grad_out, input, normalized_shape, mean.float(), rstd.float(), weight, bias,
+        output_mask)
 
 
 def _mean_all(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""A layer norm over a half input with f32 weights (what CPU autocast leaves: a
+bf16 GELU output into nn.LayerNorm), trained through rewritec against eager.
+
+Eager's layer_norm returns its mean and rstd in f32 for such mixed dtypes, and its
+backward requires them so; the traced graph (FakeTensor's shapes and dtypes) gives
+them in the input's dtype, so the compiled forward saved them in bf16 and ATen's
+backward refused them ("expected scalar type Float but found BFloat16")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rewritec  # noqa: F401 - registers the backend
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+        self.ln = torch.nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(torch.nn.functional.gelu(self.fc(x)))
+
+
+def _step(model: torch.nn.Module, fn, x: torch.Tensor, autocast: bool
+          ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = fn(x)
+    out.float().square().mean().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["bf16-autocast", "mixed-by-hand"])
+@pytest.mark.parametrize("shape", [(4, 16, 64), (3, 130)], ids=str)
+def test_training_a_layer_norm_on_a_half_input_matches_eager(autocast: bool, shape) -> None:
+    torch.manual_seed(0)
+    width = shape[-1]
+    model, ref = Block(width), Block(width)
+    ref.load_state_dict(model.state_dict())
+    if not autocast:  # a half input and f32 weights without autocast
+        for m in (model, ref):
+            m.fc.to(torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="rewritec")
+    for _ in range(2):
+        x = torch.randn(*shape).to(torch.float32 if autocast else torch.bfloat16)
+        got, grads = _step(model, compiled, x, autocast)
+        want, ref_grads = _step(ref, ref, x, autocast)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        for g, r in zip(grads, ref_grads, strict=True):
+            assert g.dtype == r.dtype
+            torch.testing.assert_close(g, r, rtol=3e-2, atol=3e-2)
