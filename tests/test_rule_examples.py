@@ -58,6 +58,29 @@ def test_pythagoras_fires_without_fast_math_and_keeps_eager_nan():
     assert got[4:].isnan().all() and not got[:4].isnan().any()
 
 
+@pytest.mark.parametrize("target", ["aten", "auto"])
+def test_square_root_gradients_keep_the_sign_of_zero(target):
+    """x ** 0.5's backward reads x ** -0.5, which ATen computes as rsqrt: at -0.0
+    the gradient is -inf in eager (pow would give inf). pow-minus-half keeps it."""
+    import torch
+
+    import rewritec
+    from rewritec import report
+
+    values = [0.0, -0.0, 4.0, float("inf"), 1e-30, float("nan")]
+    mine = torch.tensor(values, requires_grad=True)
+    ref = torch.tensor(values, requires_grad=True)
+    torch._dynamo.reset()
+    start = len(report.RECORDS)
+    got = rewritec.compile(lambda t: torch.pow(t, 0.5), strict=True, target=target)(mine)
+    want = torch.pow(ref, 0.5)
+    (g,), (r,) = torch.autograd.grad(got.sum(), [mine]), torch.autograd.grad(want.sum(), [ref])
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(g, r, equal_nan=True)
+    assert torch.equal(g[:2].signbit(), r[:2].signbit())  # inf at 0.0, -inf at -0.0
+    assert sum(rec.rules_fired.get("pow-minus-half", 0) for rec in report.RECORDS[start:]) == 1
+
+
 def test_only_fuse_examples_go_to_the_gpu(monkeypatch):
     """On a GPU machine, a fuse rule's example values live on the GPU (its kernels are
     Triton's); every other rule's stay on the CPU they were written for (a guard may
