@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..engine.term import Graph, Term, TermStore, freeze
 from .bridge import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
@@ -139,6 +140,9 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         if torch.Tag.nondeterministic_seeded in target.tags:
             # Two random draws are never the same term, even with equal arguments.
             nonce = (("nonce", node.name),)
+        term = _scalar_tensor_const(node, store, bridge)
+        if term is not None:
+            return term
         term = _table_term(node, target, env, store, bridge, meta, nonce)
         if term is not None:
             return term
@@ -152,6 +156,90 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         nonce = (("nonce", node.name),) if isinstance(target, Region) else ()
         return _generic(node, "call", Opaque(target, label), env, store, meta, nonce)
     raise Unsupported(f"call target {target!r}")
+
+
+def _scalar_tensor_const(node: torch.fx.Node, store: TermStore, bridge: Bridge
+                         ) -> Term | None:
+    """`scalar_tensor(v)` as the constant v, where each user is an op of the op table
+    that takes a number in that place and whose other tensors (a `where`'s condition
+    aside) have the scalar's dtype, so the number promotes as the 0-dim tensor did.
+    Decompositions write `torch.where(c, x, 0)` so (the class-index loss's pick and
+    mask, masked fills): the zero was an ATen fill launch and an input every kernel
+    using it read, now a literal in the kernel."""
+    if node.target is not torch.ops.aten.scalar_tensor.default or not node.args:
+        return None
+    value, val = node.args[0], node.meta.get("val")
+    if not isinstance(value, bool | int | float) or not isinstance(val, torch.Tensor) \
+            or val.dim() != 0 or val.dtype.is_complex or not node.users:
+        return None
+    for user in node.users:
+        if not _takes_a_number(user, node, val.dtype, bridge):
+            return None
+    # the value the 0-dim tensor holds (0.1 in bf16 is 0.10009765625)
+    with unset_fake_temporarily():  # a real number, whatever mode converts
+        exact = torch.tensor(value, dtype=val.dtype).item()
+    kind = bool if val.dtype == torch.bool else float if val.dtype.is_floating_point else int
+    return store.const(kind(exact))
+
+
+def _takes_a_number(user: torch.fx.Node, node: torch.fx.Node, dtype: torch.dtype,
+                    bridge: Bridge) -> bool:
+    target = user.target
+    if user.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+            or target.namespace != "aten" or node in user.kwargs.values():
+        return False
+    name = f"{target._schema.name.rpartition('::')[2]}.{target._overloadname}"
+    info = bridge.table.by_aten.get(name)
+    out = user.meta.get("val")
+    if info is None or info.category != "pointwise" or not isinstance(out, torch.Tensor) \
+            or out.dtype not in (dtype, torch.bool):
+        return False
+    schema = target._schema.arguments
+    positions = operand_positions(schema, len(info.args))
+    order = bridge.table.order[name]
+    tensors = 0  # operands that stay tensors of `dtype`: the result's dtype is theirs
+    for i, arg in enumerate(user.args):
+        if arg is node:
+            if i not in positions:
+                return False
+            if not _number_overload(info, order[positions.index(i)]):
+                return False
+        elif isinstance(arg, torch.fx.Node):
+            v = arg.meta.get("val")
+            if not isinstance(v, torch.Tensor):
+                continue
+            if schema[i].name == "condition" and v.dtype == torch.bool:
+                continue
+            if v.dtype != dtype:
+                return False
+            # another scalar_tensor may become a number too (where(c, 0.0, -inf))
+            tensors += arg.target is not torch.ops.aten.scalar_tensor.default
+    # numbers alone give the default dtype of their kind
+    return tensors > 0 or dtype in (torch.get_default_dtype(), torch.int64, torch.bool)
+
+
+def _number_overload(info: Any, operand: int) -> bool:
+    """Does one of the op's overloads take a number for operand `operand` (in the op
+    table's order), so the op still runs through ATen if no kernel takes it?"""
+    from .bridge import WRAPS_NUMBERS
+
+    for name, perm in info.overloads():
+        if operand not in perm:
+            continue
+        k = perm.index(operand)
+        schema = overload_schema(name)
+        positions = operand_positions(schema, len(perm))
+        if k >= len(positions):
+            continue
+        kind = str(schema[positions[k]].type)
+        if "number" in kind or (name in WRAPS_NUMBERS and k > 0 and "Tensor" in kind):
+            return True
+    return False
+
+
+def overload_schema(name: str) -> list[Any]:
+    packet, _, overload_name = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload_name or "default")._schema.arguments
 
 
 def _cat_of_one(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: TermStore,
