@@ -56,6 +56,7 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
     """Convert `gm`. Inputs listed in `frozen` are used as the given constant
     tensors (they stay in the graph's input list, unused)."""
     store = TermStore(bridge.meta_hook)
+    numbers: dict[torch.fx.Node, Term] = {}  # scalar_tensor nodes as numbers
     env: dict[torch.fx.Node, Term] = {}
     inputs: list[Term] = []
     outputs: tuple[Term | None, ...] = ()
@@ -72,7 +73,7 @@ def fx_to_terms(gm: torch.fx.GraphModule, bridge: Bridge,
             if frozen and i in frozen:
                 env[node] = tensor_term(store, bridge, frozen[i], f"param{i}")
         elif node.op == "call_function":
-            env[node] = _convert_call(node, env, store, bridge)
+            env[node] = _convert_call(node, env, store, bridge, numbers)
         elif node.op == "output":
             outs = node.args[0]
             outs = outs if isinstance(outs, tuple | list) else (outs,)
@@ -127,7 +128,7 @@ def _has_node(x: Any) -> bool:
 
 
 def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: TermStore,
-                  bridge: Bridge) -> Term:
+                  bridge: Bridge, numbers: dict[torch.fx.Node, Term] | None = None) -> Term:
     target = node.target
     meta = meta_of(node.meta["val"]) if "val" in node.meta else None
     if target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
@@ -140,10 +141,10 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         if torch.Tag.nondeterministic_seeded in target.tags:
             # Two random draws are never the same term, even with equal arguments.
             nonce = (("nonce", node.name),)
-        term = _scalar_tensor_const(node, store, bridge)
-        if term is not None:
-            return term
-        term = _table_term(node, target, env, store, bridge, meta, nonce)
+        number = _scalar_tensor_const(node, store, bridge)
+        if number is not None and numbers is not None:
+            numbers[node] = number  # what table ops read; anything else the tensor
+        term = _table_term(node, target, env, store, bridge, meta, nonce, numbers or {})
         if term is not None:
             return term
         term = _cat_of_one(node, env, store, bridge, meta)
@@ -160,8 +161,9 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
 
 def _scalar_tensor_const(node: torch.fx.Node, store: TermStore, bridge: Bridge
                          ) -> Term | None:
-    """`scalar_tensor(v)` as the constant v, where each user is an op of the op table
-    that takes a number in that place and whose other tensors (a `where`'s condition
+    """The constant v that op-table ops read for `scalar_tensor(v)` (the node itself
+    stays a tensor for anything else), where each user is an op of the op table that
+    takes a number in that place and whose other tensors (a `where`'s condition
     aside) have the scalar's dtype, so the number promotes as the 0-dim tensor did.
     Decompositions write `torch.where(c, x, 0)` so (the class-index loss's pick and
     mask, masked fills): the zero was an ATen fill launch and an input every kernel
@@ -276,7 +278,9 @@ def _cat_of_one(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Term
 
 def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
                 env: dict[torch.fx.Node, Term], store: TermStore, bridge: Bridge,
-                meta: Any, nonce: tuple[tuple[str, Any], ...]) -> Term | None:
+                meta: Any, nonce: tuple[tuple[str, Any], ...],
+                numbers: dict[torch.fx.Node, Term]) -> Term | None:
+    """`numbers`: scalar_tensor nodes this op may read as a number (_scalar_tensor_const)."""
     namespace, _, base = target._schema.name.rpartition("::")
     name = f"{base}.{target._overloadname}"
     info = bridge.table.by_aten.get(name if namespace == "aten" else f"{namespace}::{name}")
@@ -301,7 +305,8 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
             return None
         if i in positions:
             if isinstance(value, torch.fx.Node):
-                operands.append(env[value])
+                number = numbers.get(value)
+                operands.append(env[value] if number is None else number)
             elif _has_node(value):
                 return None
             else:
