@@ -11,6 +11,7 @@ Everything torch-specific about a term lives here:
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,19 +197,29 @@ class Bridge:
                     list(term.args))
         return self._table_call(info, term)
 
-    def _table_call(self, info: OpInfo, term: Term) -> tuple[Any, list[Any], dict[str, Any],
-                                                             list[Term]]:
-        operands = list(term.args)
+    @staticmethod
+    def accepting(info: OpInfo, operands: Sequence[Term]
+                  ) -> tuple[torch._ops.OpOverload, list[Term]] | None:
+        """The first of the op's overloads that takes these operands (op-table
+        order), and the operands in its order; None if none does."""
         for name, perm in info.overloads():
             op = overload(name)
             schema_args = op._schema.arguments
             order = [operands[i] for i in perm]
-            if not _accepts(schema_args, tuple(order), name):
-                if info.commutative and len(order) == 2 and _accepts(
-                        schema_args, (order[1], order[0]), name):
-                    order = [order[1], order[0]]
-                else:
-                    continue
+            if _accepts(schema_args, tuple(order), name):
+                return op, order
+            if info.commutative and len(order) == 2 and _accepts(
+                    schema_args, (order[1], order[0]), name):
+                return op, [order[1], order[0]]
+        return None
+
+    def _table_call(self, info: OpInfo, term: Term) -> tuple[Any, list[Any], dict[str, Any],
+                                                             list[Term]]:
+        operands = list(term.args)
+        found = self.accepting(info, operands)
+        if found is not None:
+            op, order = found
+            schema_args = op._schema.arguments
             args: list[Any] = []
             kwargs: dict[str, Any] = {}
             attrs = dict(term.attrs)

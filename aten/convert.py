@@ -141,7 +141,7 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         if torch.Tag.nondeterministic_seeded in target.tags:
             # Two random draws are never the same term, even with equal arguments.
             nonce = (("nonce", node.name),)
-        number = _scalar_tensor_const(node, store, bridge)
+        number = _scalar_tensor_const(node, store)
         if number is not None and numbers is not None:
             numbers[node] = number  # what table ops read; anything else the tensor
         term = _table_term(node, target, env, store, bridge, meta, nonce, numbers or {})
@@ -159,24 +159,18 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
     raise Unsupported(f"call target {target!r}")
 
 
-def _scalar_tensor_const(node: torch.fx.Node, store: TermStore, bridge: Bridge
-                         ) -> Term | None:
-    """The constant v that op-table ops read for `scalar_tensor(v)` (the node itself
-    stays a tensor for anything else), where each user is an op of the op table that
-    takes a number in that place and whose other tensors (a `where`'s condition
-    aside) have the scalar's dtype, so the number promotes as the 0-dim tensor did.
-    Decompositions write `torch.where(c, x, 0)` so (the class-index loss's pick and
-    mask, masked fills): the zero was an ATen fill launch and an input every kernel
-    using it read, now a literal in the kernel."""
+def _scalar_tensor_const(node: torch.fx.Node, store: TermStore) -> Term | None:
+    """For `scalar_tensor(v)`, the constant v that op-table ops may read instead
+    (`_table_term`, `_reads_a_number`); the node itself stays a tensor for anything
+    else. Decompositions write `torch.where(c, x, 0)` so (the class-index loss's pick
+    and mask, masked fills): the zero was an ATen fill launch and an input every
+    kernel using it read, now a literal in the kernel."""
     if node.target is not torch.ops.aten.scalar_tensor.default or not node.args:
         return None
     value, val = node.args[0], node.meta.get("val")
     if not isinstance(value, bool | int | float) or not isinstance(val, torch.Tensor) \
-            or val.dim() != 0 or val.dtype.is_complex or not node.users:
+            or val.dim() != 0 or val.dtype.is_complex:
         return None
-    for user in node.users:
-        if not _takes_a_number(user, node, val.dtype, bridge):
-            return None
     # the value the 0-dim tensor holds (0.1 in bf16 is 0.10009765625)
     with unset_fake_temporarily():  # a real number, whatever mode converts
         exact = torch.tensor(value, dtype=val.dtype).item()
@@ -184,64 +178,28 @@ def _scalar_tensor_const(node: torch.fx.Node, store: TermStore, bridge: Bridge
     return store.const(kind(exact))
 
 
-def _takes_a_number(user: torch.fx.Node, node: torch.fx.Node, dtype: torch.dtype,
-                    bridge: Bridge) -> bool:
-    target = user.target
-    if user.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
-            or target.namespace != "aten" or node in user.kwargs.values():
+def _reads_a_number(user: torch.fx.Node, node: torch.fx.Node, schema: list[Any]) -> bool:
+    """May `user`, an op-table op, read the scalar_tensor `node` as a number? Yes where
+    the number promotes as the 0-dim tensor did: the user's other tensors (a `where`'s
+    condition aside) have the scalar's dtype, and so does its result (or bool)."""
+    dtype, out = node.meta["val"].dtype, user.meta.get("val")
+    if not isinstance(out, torch.Tensor) or out.dtype not in (dtype, torch.bool):
         return False
-    name = f"{target._schema.name.rpartition('::')[2]}.{target._overloadname}"
-    info = bridge.table.by_aten.get(name)
-    out = user.meta.get("val")
-    if info is None or info.category != "pointwise" or not isinstance(out, torch.Tensor) \
-            or out.dtype not in (dtype, torch.bool):
-        return False
-    schema = target._schema.arguments
-    positions = operand_positions(schema, len(info.args))
-    order = bridge.table.order[name]
     tensors = 0  # operands that stay tensors of `dtype`: the result's dtype is theirs
     for i, arg in enumerate(user.args):
-        if arg is node:
-            if i not in positions:
-                return False
-            if not _number_overload(info, order[positions.index(i)]):
-                return False
-        elif isinstance(arg, torch.fx.Node):
-            v = arg.meta.get("val")
-            if not isinstance(v, torch.Tensor):
-                continue
-            if schema[i].name == "condition" and v.dtype == torch.bool:
-                continue
-            if v.dtype != dtype:
-                return False
-            # another scalar_tensor may become a number too (where(c, 0.0, -inf))
-            tensors += arg.target is not torch.ops.aten.scalar_tensor.default
+        if arg is node or not isinstance(arg, torch.fx.Node):
+            continue
+        v = arg.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            continue
+        if schema[i].name == "condition" and v.dtype == torch.bool:
+            continue
+        if v.dtype != dtype:
+            return False
+        # another scalar_tensor may become a number too (where(c, 0.0, -inf))
+        tensors += arg.target is not torch.ops.aten.scalar_tensor.default
     # numbers alone give the default dtype of their kind
     return tensors > 0 or dtype in (torch.get_default_dtype(), torch.int64, torch.bool)
-
-
-def _number_overload(info: Any, operand: int) -> bool:
-    """Does one of the op's overloads take a number for operand `operand` (in the op
-    table's order), so the op still runs through ATen if no kernel takes it?"""
-    from .bridge import WRAPS_NUMBERS
-
-    for name, perm in info.overloads():
-        if operand not in perm:
-            continue
-        k = perm.index(operand)
-        schema = overload_schema(name)
-        positions = operand_positions(schema, len(perm))
-        if k >= len(positions):
-            continue
-        kind = str(schema[positions[k]].type)
-        if "number" in kind or (name in WRAPS_NUMBERS and k > 0 and "Tensor" in kind):
-            return True
-    return False
-
-
-def overload_schema(name: str) -> list[Any]:
-    packet, _, overload_name = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), overload_name or "default")._schema.arguments
 
 
 def _cat_of_one(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: TermStore,
@@ -280,7 +238,8 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
                 env: dict[torch.fx.Node, Term], store: TermStore, bridge: Bridge,
                 meta: Any, nonce: tuple[tuple[str, Any], ...],
                 numbers: dict[torch.fx.Node, Term]) -> Term | None:
-    """`numbers`: scalar_tensor nodes this op may read as a number (_scalar_tensor_const)."""
+    """`numbers`: scalar_tensor nodes as numbers (_scalar_tensor_const), read where
+    `_reads_a_number` and one of the op's ATen overloads take them."""
     namespace, _, base = target._schema.name.rpartition("::")
     name = f"{base}.{target._overloadname}"
     info = bridge.table.by_aten.get(name if namespace == "aten" else f"{namespace}::{name}")
@@ -292,6 +251,7 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
         bound[arg.name] = value
     bound.update(node.kwargs)
     operands: list[Term] = []
+    tensors: dict[int, Term] = {}  # operands read as numbers -> their tensor terms
     attrs: list[tuple[str, Any]] = []
     positions = operand_positions(schema_args, len(info.args))
     if len(positions) < len(info.args):
@@ -306,7 +266,11 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
         if i in positions:
             if isinstance(value, torch.fx.Node):
                 number = numbers.get(value)
-                operands.append(env[value] if number is None else number)
+                if number is not None and _reads_a_number(node, value, schema_args):
+                    tensors[len(operands)] = env[value]
+                    operands.append(number)
+                else:
+                    operands.append(env[value])
             elif _has_node(value):
                 return None
             else:
@@ -316,12 +280,21 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
                 return None  # symbolic attribute or one the table does not know
             attrs.append((arg.name, from_torch_attr(value)))
     order = bridge.table.order[name]
-    ordered: list[Term] = [operands[0]] * len(operands)
-    for k, term in enumerate(operands):
-        ordered[order[k]] = term
+    ordered = _in_table_order(operands, order)
+    if tensors and bridge.accepting(info, ordered) is None:
+        # no overload takes the numbers (maximum): the 0-dim tensors, as traced
+        ordered = _in_table_order([tensors.get(k, t) for k, t in enumerate(operands)], order)
     if target is torch.ops.aten._to_copy.default:
         attrs = _plain_cast(attrs, ordered[0])
     return store.make(info.name, ordered, tuple(attrs) + nonce, meta)
+
+
+def _in_table_order(operands: list[Term], order: tuple[int, ...]) -> list[Term]:
+    """An overload's operands (schema order) in the op table's order."""
+    ordered: list[Term] = [operands[0]] * len(operands)
+    for k, term in enumerate(operands):
+        ordered[order[k]] = term
+    return ordered
 
 
 def _plain_cast(attrs: list[tuple[str, Any]], src: Term) -> list[tuple[str, Any]]:

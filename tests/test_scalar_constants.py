@@ -70,6 +70,18 @@ def test_a_lone_where_with_a_number_runs_through_aten() -> None:
     assert kernels == 0 and outside == Counter({"where": 1})
 
 
+def test_an_op_without_a_number_overload_keeps_the_tensor() -> None:
+    """maximum has no Scalar overload: it reads the 0-dim tensor, as traced."""
+    x = torch.randn(6, 5)
+
+    def fn(a):
+        return torch.maximum(a, torch.scalar_tensor(0.25)) * 2
+
+    got, outside, _ = _compiled(fn, x)
+    torch.testing.assert_close(got, fn(x))
+    assert outside["scalar_tensor"] == 1, outside
+
+
 @pytest.mark.parametrize("target", ["auto"] + (["triton"] if INTERPRETED else []))
 def test_a_cross_entropy_reads_no_zero_tensor(target) -> None:
     """The class-index loss's decomposition writes where(..., 0) four times."""
