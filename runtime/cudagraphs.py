@@ -234,7 +234,8 @@ class _Slot:
         self._checked = (list(self.reads), list(self.static))  # as _SAME_ADDRESSES takes them
         # the arguments copied into `buffers` at each replay
         self.copied = tuple(i for i, b in enumerate(self.buffers) if b is not None)
-        self._plain: bool | None = None
+        # every result a tensor: results() then detaches them in one map
+        self.all_tensors = all(isinstance(o, torch.Tensor) for o in self.outputs)
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
@@ -283,7 +284,7 @@ class _Slot:
         the arguments the `aliases` view, in the wrapper's container type."""
         kind: Any = type(self.outputs)  # a list or a tuple
         copies = self.copies
-        if not copies and not self.aliases and self.plain_outputs:
+        if not copies and not self.aliases and self.all_tensors:
             return kind(map(torch.Tensor.detach, self.outputs))
         out = [(o.clone() if i in copies else o.detach()) if isinstance(o, torch.Tensor)
                else o for i, o in enumerate(self.outputs)]
@@ -291,13 +292,6 @@ class _Slot:
             arg = args[a]
             out[i] = arg.detach().as_strided(size, stride, arg.storage_offset() + rel)
         return kind(out)
-
-    @property
-    def plain_outputs(self) -> bool:
-        """Are all results tensors?"""
-        if self._plain is None:
-            self._plain = all(isinstance(o, torch.Tensor) for o in self.outputs)
-        return self._plain
 
 
 @dataclass
