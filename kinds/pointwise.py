@@ -1,6 +1,6 @@
 """The `pointwise` kernel kind: one loop over the output's elements.
 
-Rules fuse-pointwise and fuse-copy name it. Its spec is built as the row kind's
+Rule fuse-pointwise names it. Its spec is built as the row kind's
 (kinds/kernels.py: spec_of); its render is here: Python writes the loads,
 statements and stores, templates/<target>/pointwise.*.j2 the loop around them.
 On Triton, a kernel whose input and output disagree on the innermost dim (NHWC read,

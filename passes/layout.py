@@ -163,7 +163,7 @@ def pays_off(old: Graph, new: Graph) -> None:
     ran 0.104 ms in NCHW and 0.062 ms in NHWC; converting its input cost 0.040 ms
     (ATen's clone), and a 1-d relu kernel writing NCHW from NHWC 0.052 ms against
     0.024 ms in one layout. Since the input's conversion became a copy kernel
-    (rule fuse-copy, about 0.023 ms there), one copied element costs about 3/4 of
+    (a one-op fuse-pointwise kernel, about 0.023 ms there), one copied element costs about 3/4 of
     what one output element of a convolution saves: a lone conv+bn+relu, its input
     converted and its output restored, loses; two convolutions between them (a
     ResNet basic block) win. Since layout changes run as tiled kernels

@@ -139,12 +139,22 @@ def test_every_firing_is_listed_in_order(demo: Path) -> None:
 
 
 def test_fallback_reasons_name_the_refusing_guard(tmp_path: Path) -> None:
-    fn = rewritec.compile(lambda x, w: (x @ w).relu(), out_dir=str(tmp_path))
+    # a user's fuse-pointwise that wants two ops leaves a lone relu to ATen
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "fuse.yaml").write_text(
+        "kind: fuse\nrules:\n  - name: fuse-pointwise\n    doc: two ops or more\n"
+        "    overrides: true\n    pattern: \"@pointwise\"\n    grow: [pointwise]\n"
+        "    kernel: pointwise\n    where: ['ops >= 2']\n"
+        "    examples: [{expr: 'relu(x) * 2.0', x: 4x8xf32}]\n"
+        "    no_match: [{expr: 'relu(x)', x: 4x8xf32}]\n")
+    out = tmp_path / "out"
+    fn = rewritec.compile(lambda x, w: (x @ w).relu(), out_dir=str(out), rules=[str(rules)])
     fn(torch.randn(8, 8), torch.randn(8, 8))
-    (details,) = tmp_path.glob("*.details.json")
+    (details,) = out.glob("*.details.json")
     why = {f["op"]: f["reason"] for f in json.loads(details.read_text())["fallbacks"]}
     assert why["mm"].startswith("library call")
-    assert "fuse-pointwise (rules/fuse/kernels.yaml:" in why["relu"]
+    assert "fuse-pointwise (" in why["relu"] and "fuse.yaml:" in why["relu"]
     assert "guard `ops >= 2` is false" in why["relu"]
 
 

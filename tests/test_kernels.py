@@ -203,7 +203,7 @@ def test_triton_sizes_are_constants_only_for_static_shapes(tmp_path, dynamic: bo
                                         ((4, 1, 6), (2, 0, 1))])
 def test_contiguous_copy_kernel(target: str, shape: tuple[int, ...], perm: tuple[int, ...]) -> None:
     """`.contiguous()` of a permuted view (attention's head transposes) is one copy
-    kernel (rule fuse-copy) whose output is contiguous like eager's."""
+    kernel (rule fuse-pointwise, one op) whose output is contiguous like eager's."""
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return x.permute(*perm).contiguous()
@@ -213,7 +213,7 @@ def test_contiguous_copy_kernel(target: str, shape: tuple[int, ...], perm: tuple
     torch.testing.assert_close(got, f(x))
     assert got.is_contiguous()
     kernels = [k for r in report.RECORDS for k in r.kernels]
-    assert [k["rules"] for k in kernels] == [["fuse-copy"]]
+    assert [k["rules"] for k in kernels] == [["fuse-pointwise"]]
 
 
 @pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(), reason="no Triton device")

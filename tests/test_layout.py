@@ -117,7 +117,7 @@ def test_conv_bn_relu_eval(target: str) -> None:
                       "inputs_converted_per_call": 1, "weights_converted_once": 1,
                       "outputs_restrided": 1}
     # the restride is the last kernel's store, not a copy after it, and the input's
-    # conversion is a copy kernel (rule fuse-copy): only the convolution is ATen's
+    # conversion is a copy kernel (rule fuse-pointwise): only the convolution is ATen's
     assert report.RECORDS[0].fallback_ops == {"convolution": 1}
 
 
@@ -137,9 +137,9 @@ def test_conv_bias_residual_add(target: str) -> None:
     [layout] = _layouts()
     assert layout["conv_layout"] == "channels_last" and layout["outputs_restrided"] == 1
     # restored once, at the views' base, by the kernel's store; the input's
-    # conversion is a copy kernel (fuse-copy): no clone runs on ATen
+    # conversion is a copy kernel (fuse-pointwise): no clone runs on ATen
     assert "clone" not in report.RECORDS[0].fallback_ops
-    assert [k["rules"] for k in report.RECORDS[0].kernels].count(["fuse-copy"]) == 1
+    assert [k["ops"] for k in report.RECORDS[0].kernels].count({"clone": 1}) == 1
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -166,8 +166,10 @@ def test_kernel_between_convolutions_runs_in_nhwc(target: str) -> None:
     [layout] = _layouts()
     assert layout["convolutions"] == 2 and layout["inputs_converted_per_call"] == 1
     # the input's conversion (a copy kernel writing NHWC), then the silu in NHWC
-    assert [(k["rules"], k["order"]) for k in report.RECORDS[0].kernels][:2] == [
-        (["fuse-copy"], (0, 2, 3, 1)), (["fuse-pointwise"], (0, 2, 3, 1))]
+    kernels = report.RECORDS[0].kernels[:2]
+    assert [(k["rules"], k["order"]) for k in kernels] == [
+        (["fuse-pointwise"], (0, 2, 3, 1)), (["fuse-pointwise"], (0, 2, 3, 1))]
+    assert kernels[0]["ops"] == {"clone": 1} and "clone" not in kernels[1]["ops"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -205,9 +207,10 @@ def test_wrapper_converts_once(target: str, tmp_path: Any) -> None:
     with torch.no_grad():
         compiled(torch.randn(1, 8, 4, 4))
     source = (tmp_path / f"{report.RECORDS[0].name}.wrapper.py").read_text()
-    # one conversion, as a copy kernel (fuse-copy), not an ATen clone
+    # one conversion, as a copy kernel (fuse-pointwise), not an ATen clone
+    copies = [k["name"] for k in report.RECORDS[0].kernels if k["ops"] == {"clone": 1}]
     calls = [ln for ln in source.splitlines() if "= _k" in ln]
-    assert sum("_fuse_copy_" in ln for ln in calls) == 1
+    assert len(copies) == 1 and sum(copies[0] in ln for ln in calls) == 1
     assert "memory_format=torch.channels_last" not in source
     assert source.count("aten.convolution.default") == 2
 

@@ -62,11 +62,12 @@ def test_two_numbers_keep_the_tensors_dtype(dtype) -> None:
     torch.testing.assert_close(got, want)
 
 
-def test_a_lone_where_with_a_number_runs_through_aten() -> None:
-    """No kernel takes it (one op): ATen's where.ScalarOther runs it."""
-    x, m = torch.randn(6, 5), torch.rand(6, 5) > 0.5
-    got, outside, kernels = _compiled(lambda a, b: torch.where(b, a, 0.0), x, m)
-    torch.testing.assert_close(got, torch.where(m, x, 0.0))
+def test_a_where_outside_kernels_reads_the_number() -> None:
+    """No kernel takes it (kernels compute no integers): ATen's where.ScalarOther
+    runs it, with the number, not a 0-dim tensor."""
+    x, m = torch.randint(-9, 9, (6, 5)), torch.rand(6, 5) > 0.5
+    got, outside, kernels = _compiled(lambda a, b: torch.where(b, a, 0), x, m)
+    torch.testing.assert_close(got, torch.where(m, x, 0))
     assert kernels == 0 and outside == Counter({"where": 1})
 
 

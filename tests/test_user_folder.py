@@ -298,7 +298,7 @@ def test_a_user_template_of_another_kind_or_a_variant_renders(
 RENDER_CASES = [
     ("fuse-pointwise", None, "openmp", "pointwise"),
     ("fuse-pointwise", None, "triton", "pointwise"),
-    ("fuse-copy", {"expr": "clone(permute(x, dims=[1, 0]), memory_format='contiguous_format')",
+    ("fuse-pointwise", {"expr": "clone(permute(x, dims=[1, 0]), memory_format='contiguous_format')",
                    "x": "16x32xf32"}, "triton", "pointwise_tiled"),
     ("fuse-row", None, "openmp", "row"),
     ("fuse-row", None, "triton", "row"),
