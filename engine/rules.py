@@ -51,6 +51,8 @@ FILE_KEYS = {"rules", "kind", "doc", "ops"}
 ATTR_FUNCS: dict[str, Any] = {
     "len": len,
     "last_dims": lambda n: tuple(range(-n, 0)) if isinstance(n, int) else tuple(range(-len(n), 0)),
+    # the dims of t before its last len(s): the rows a normalization over s sums across
+    "outer_dims": lambda t, s: tuple(range(t.meta.rank - (s if isinstance(s, int) else len(s)))),
     "neg": lambda x: -x,
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
     # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
