@@ -161,6 +161,8 @@ class Group:
     outputs: list[Term] = field(default_factory=list)
     # Its place in `Order` once formed: the group is one node there.
     rank: int = 0
+    # Its kind's iteration space (fits, accepts), as the group grew in it.
+    space: Any = None
 
 
 Node = Term | Group
@@ -311,7 +313,60 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
                 break
     if not groups:
         return graph, fired
+    _recompute_side_outputs(groups, places, outputs, table)
     return _rebuild(graph, store, places, trace), fired
+
+
+# A side output that only other kernels read, computed in its kernel by a few
+# pointwise ops from the kernel's own inputs, is computed again by each reader from
+# those inputs instead: its writer stores one tensor less and no memory holds it
+# (layer_norm backward's x^ = (x - mean) * rstd, which the row kernel of the input's
+# gradient computed and wrote for the weight gradient's sum over the rows). Only
+# where the readers read no more full-size tensors than the one they stop reading.
+RECOMPUTE_OPS = 8
+
+
+def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Term],
+                            table: OpTable) -> None:
+    for h in groups:
+        for s in list(h.outputs[1:]):
+            readers = [places.owner.get(c) for c in places.consumers.get(s, ())
+                       if c not in h.members]
+            if s in outputs or not readers or any(g is None or g is h for g in readers):
+                continue  # an ATen op (or the caller) reads it: it must be written
+            part = _closure(s, h.members)
+            info = [table.get(t.op) for t in part]
+            if len(part) > RECOMPUTE_OPS or any(i is None or i.category != "pointwise"
+                                                for i in info):
+                continue
+            leaves = {a for t in part for a in t.args if a not in part and a.op != "const"}
+            full = [a for a in leaves if tuple(a.meta.shape) == tuple(s.meta.shape)]
+            takers = list(dict.fromkeys(g for g in readers if g is not None))
+            if len(full) > 1 or not all(_can_take(g, part) for g in takers):
+                continue
+            for g in takers:
+                g.members |= part  # its kernel computes them again; `h` still owns them
+            h.outputs.remove(s)
+
+
+def _closure(t: Term, members: set[Term]) -> set[Term]:
+    """`t` and the members it is computed from, up to the group's inputs."""
+    seen = {t}
+    stack = [t]
+    while stack:
+        for a in stack.pop().args:
+            if a in members and a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return seen
+
+
+def _can_take(g: Group, part: set[Term]) -> bool:
+    space = g.space
+    if space is None or not all(space.fits(t) for t in part):
+        return False
+    accepts = getattr(space, "accepts", None)
+    return accepts is None or accepts(g.members | part)
 
 
 def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: set[Term],
@@ -354,7 +409,7 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
             watch.refuse(root, root, f"guard `{failed}` is false for the group of "
                                      f"{len(members)} op(s)")
         return None
-    return Group(rule, root, members, [root, *side])
+    return Group(rule, root, members, [root, *side], space=space)
 
 
 class _Watch:

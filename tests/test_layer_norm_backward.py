@@ -35,7 +35,7 @@ class Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         h = x + r
-        return self.fc(self.ln(h).relu()) + h
+        return self.fc(self.ln(h)) + h  # a transformer's pre-norm block
 
 
 def _grads(model: torch.nn.Module, fn, x: torch.Tensor, r: torch.Tensor, cot: torch.Tensor,
@@ -80,6 +80,15 @@ def _check(shape: tuple[int, ...], dtype: torch.dtype, affine: bool, autocast: b
 def test_layer_norm_backward_in_kernels_f32(shape, affine: bool, target: str) -> None:
     outside = _check(shape, torch.float32, affine, False, target)
     assert "native_layer_norm_backward" not in outside and "native_layer_norm" not in outside
+    # x^ = (x - mean) * rstd, which the weight's gradient reads too, is computed again
+    # by its sum over the rows (engine/fuse.py: _recompute_side_outputs), not written
+    # by the row kernel of the input's gradient
+    (backward,) = [r for r in report.RECORDS if r.kind == "backward"]
+    rows = [k for k in backward.kernels if k["rules"] == ["fuse-row"]]
+    assert [k["outputs"] for k in rows] == [1]
+    if affine:
+        assert any(k["ops"].get("sub", 0) and k["ops"].get("sum", 0)
+                   for k in backward.kernels if k["rules"] == ["fuse-reduction"])
 
 
 @pytest.mark.skipif(not (CUDA or INTERPRETED), reason="halves compute in Triton kernels only")
