@@ -45,7 +45,37 @@ from .templates import TEMPLATES_DIR, has_template, template_path
 TRITON_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16",
                  "f64": "tl.float64", "b8": "tl.int1", "i64": "tl.int64", "i32": "tl.int32"}
 CPP_DTYPES = {"f32": "float", "f64": "double", "b8": "bool", "i64": "int64_t",
-              "i32": "int32_t"}
+              "i32": "int32_t", "bf16": "uint16_t"}
+# bf16 in C++: 16-bit words that a kernel reads into float (`rw_from_bf16`,
+# cpp_read) and writes from one (`rw_to_bf16`, cpp_write), rounding to nearest even
+# (nan stays nan), as ATen rounds. Kernel arithmetic runs in float and each
+# bf16-typed op's result is rounded (`rw_round_bf16`, value_expr), as ATen's CPU
+# kernels round each op: a fused chain gives eager's values. Bit operations and a
+# selection by mask, no branches, so loops still vectorize. (f16 stays with ATen
+# on the CPU: written the same way, GCC 12 left its conversions' loops scalar,
+# 100x slower than ATen's; CPU autocast's dtype is bf16.) Put before a kernel that
+# uses it (`kernel_header`).
+CPP_BF16 = r"""#include <cstdint>
+static inline float rw_bits_float(uint32_t u) { return __builtin_bit_cast(float, u); }
+static inline uint32_t rw_float_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+static inline float rw_from_bf16(uint16_t h) { return rw_bits_float((uint32_t)h << 16); }
+static inline uint16_t rw_to_bf16(float f) {
+    const uint32_t u = rw_float_bits(f);
+    const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    return (uint16_t)((((u >> 16) | 0x40u) & nan) | (nearest & ~nan));
+}
+static inline float rw_round_bf16(float x) { return rw_from_bf16(rw_to_bf16(x)); }"""
+
+
+def cpp_read(dtype: str, expr: str) -> str:
+    """A C++ load of `expr` (an element of a `dtype` tensor) as the kernel computes it."""
+    return f"rw_from_{dtype}({expr})" if dtype == "bf16" else expr
+
+
+def cpp_write(dtype: str, value: str) -> str:
+    """What a C++ kernel stores into a `dtype` tensor for the computed `value`."""
+    return f"rw_to_{dtype}({value})" if dtype == "bf16" else value
 # Integer tensors enter kernels only as operands of comparisons (class indices
 # against column positions: nll_loss, frontend/decompositions.py); they load as
 # they are, never as floats (exact past 2**24), and no kernel computes one.
@@ -274,6 +304,8 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
             return f"{x}.to(tl.float32)" if target == "triton" else f"({x} ? 1.0 : 0.0)"
         if dtype in ("f16", "bf16") and target == "triton":
             return f"{x}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
+        if dtype == "bf16":
+            return f"rw_round_bf16({x})"
         return x
     info = table.get(t.op)
     fmt = getattr(info, target if target == "triton" else "cpp", None) if info else None
@@ -290,6 +322,10 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
     if target == "cpp":
         for call, (f32, f64) in PLAIN_CALLS.items():
             expr = expr.replace(call + "(", (f32 if single else f64) + "(")
+        if t.meta.dtype == "bf16":
+            # ATen's CPU kernels compute a bf16 op in float and round its result:
+            # so does each op of a kernel, and a chain gives eager's values
+            return f"rw_round_bf16({expr})"
     return "(" + expr + ")"
 
 
@@ -461,10 +497,20 @@ def per_row(t: Term, spec: KernelSpec) -> bool:
 
 
 def kernel_header(spec: KernelSpec, target: str, comment: str) -> list[str]:
-    return [f"{comment} rewritec kernel {spec.name}",
-            f"{comment} rule: {spec.rule} @ {spec.location}",
-            f"{comment} template: {template_shown(spec, target)}",
-            f"{comment} replaces {spec.replaced_ops} ATen op(s)"]
+    """The lines a template puts first: what the kernel is and, in C++, the 16-bit
+    bf16 conversions where it reads, writes or rounds to bf16 (CPP_BF16)."""
+    lines = [f"{comment} rewritec kernel {spec.name}",
+             f"{comment} rule: {spec.rule} @ {spec.location}",
+             f"{comment} template: {template_shown(spec, target)}",
+             f"{comment} replaces {spec.replaced_ops} ATen op(s)"]
+    if target != "triton" and _uses_bf16(spec):
+        lines += CPP_BF16.splitlines()
+    return lines
+
+
+def _uses_bf16(spec: KernelSpec) -> bool:
+    return any(x.dtype == "bf16" for x in (*spec.inputs, *spec.outputs)) or any(
+        t.meta.dtype == "bf16" for t in spec.body)
 
 
 def template_shown(spec: KernelSpec, target: str) -> str:

@@ -17,6 +17,8 @@ from .kernels import (
     check_template,
     cpp_load_type,
     cpp_params,
+    cpp_read,
+    cpp_write,
     cpp_statement,
     kernel_header,
     print_index,
@@ -103,7 +105,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
     def load(inp: KInput, idx: int) -> str:
         off = "i" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "i"), "cpp")
-        return f"const {cpp_load_type(inp.dtype, ctype)} x{idx} = {inp.name}_ptr[{off}];"
+        return f"const {cpp_load_type(inp.dtype, ctype)} x{idx} = " \
+            f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};"
 
     strided = [inp for inp in spec.inputs if not inp.flat]
     if not strided or spec.rank == 0:
@@ -125,15 +128,16 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
         def row_loads(step: str) -> list[str]:
             """Loads at column c, `step` (with {name}) apart in strided inputs."""
-            return [f"const {cpp_load_type(inp.dtype, ctype)} x{k} = {inp.name}_ptr[" + (
-                "i" if inp.flat else f"{inp.name}_base + " + step.format(name=inp.name))
-                + "];" for k, inp in enumerate(spec.inputs)]
+            return [f"const {cpp_load_type(inp.dtype, ctype)} x{k} = " + cpp_read(
+                inp.dtype, f"{inp.name}_ptr[" + (
+                    "i" if inp.flat else f"{inp.name}_base + " + step.format(name=inp.name))
+                + "]") + ";" for k, inp in enumerate(spec.inputs)]
 
         contiguous = row_loads("c")
         lines = row_loads(f"c * {{name}}_stride{last}")
     compute = [cpp_statement(t, names, ctype, table) for t in spec.body
                if t.op not in ("arg", "const")]
-    stores = [{"ptr": f"{o.name}_ptr", "value": names[t]}
+    stores = [{"ptr": f"{o.name}_ptr", "value": cpp_write(o.dtype, names[t])}
               for o, t in zip(spec.outputs, spec.written, strict=True)]
     return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
                            header=kernel_header(spec, "openmp", "//"), name=spec.name,

@@ -36,6 +36,8 @@ from .kernels import (
     _contiguous,
     _key,
     cpp_load_type,
+    cpp_read,
+    cpp_write,
     kernel_header,
     load_cast,
     print_index,
@@ -261,11 +263,12 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
         phases = spec.meta["phases"][i]
         if "in" in phases:
             off = _offsets(spec, i, "in", "o", "r", "cpp")
-            loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = {inp.name}_ptr[{off}];")
+            loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+                         f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
         if "out" in phases:
             off = _offsets(spec, i, "out", "o", "", "cpp")
             epi_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
-                             f"{inp.name}_ptr[{off}];")
+                             f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
     body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
                     for t in pro]
     accs = [cpp_accumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
@@ -279,8 +282,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     if columns:
         for i, inp in enumerate(spec.inputs):
             if "in" in spec.meta["phases"][i]:
-                col_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
-                                 f"{inp.name}_ptr[{_unit_offset(spec, i)}];")
+                col_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = " + cpp_read(
+                    inp.dtype, f"{inp.name}_ptr[{_unit_offset(spec, i)}]") + ";")
 
     def each(phase: str) -> list[str]:
         return [line for a in accs for line in getattr(a, phase)()]
@@ -295,7 +298,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                            simd=f"#pragma omp simd {' '.join(each('clauses'))}",
                            parallel=(f"#pragma omp parallel {' '.join(each('shared_clauses'))} "
                                      f"if(parallel: n_red >= {PARALLEL_REDUCTION_MIN})"),
-                           finish=finish, epilogue=epilogue, result=names[spec.root],
+                           finish=finish, epilogue=epilogue,
+                           result=cpp_write(spec.out_dtype, names[spec.root]),
                            columns=columns, col_body=col_loads + body[len(loads):] + update,
                            col_block=COLUMN_BLOCK, col_chunk=COLUMN_CHUNK,
                            simd_decls=simd_decls)

@@ -22,6 +22,8 @@ from .kernels import (
     check_template,
     cpp_load_type,
     cpp_params,
+    cpp_read,
+    cpp_write,
     cpp_statement,
     kernel_header,
     per_row,
@@ -201,7 +203,8 @@ class _CppRow:
             off = "r * n_cols + c" if inp.flat else (
                 f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')} "
                 f"+ c * {inp.name}_stride{spec.rank - 1}")
-        return f"const {cpp_load_type(inp.dtype, self.ctype)} x{idx} = {inp.name}_ptr[{off}];"
+        return f"const {cpp_load_type(inp.dtype, self.ctype)} x{idx} = " \
+            f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};"
 
     def needed(self, targets: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
         """Element terms the targets need, in body order, not going past `known`."""
@@ -291,10 +294,10 @@ class _CppRow:
             self.stored[self.kept] = "out_ptr"
         finals = [t for t in elements if t not in self.stored]  # what the output loop stores
         out_lines = self.elem_lines(finals)[0] if finals else []
-        row_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]}
+        row_stores = [{"ptr": f"{o.name}_ptr", "value": cpp_write(o.dtype, names[t])}
                       for o, t in written if o.per_row]
-        elem_stores = [{"ptr": f"{o.name}_ptr", "value": names[t]} for o, t in written
-                       if t in finals]
+        elem_stores = [{"ptr": f"{o.name}_ptr", "value": cpp_write(o.dtype, names[t])}
+                       for o, t in written if t in finals]
         return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
                                header=kernel_header(spec, "openmp", "//"),
                                name=spec.name, params=cpp_params(spec, "n_rows"),
