@@ -14,6 +14,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -173,6 +174,64 @@ def timed(profile: timing.GraphProfile | None, slot: timing.Slot | None, line: s
     return ["_t = _start()", line, f"_stop({profile.slot(slot)}, _t)"]
 
 
+def schedule(graph: Graph, movable: Callable[[Term], bool]) -> list[Term]:
+    """The order the wrapper runs `graph` in: `graph.terms()` (a depth-first order
+    from the outputs), except that once a value's other readers have run, its last
+    readers run at once where they can (their operands are ready), are `movable`
+    (kernels, op-table ops: pure, no random numbers drawn out of turn) and make
+    nothing larger than what they free. A backward's weight gradients (a product
+    of an activation and a gradient, a layer norm's sums over rows) otherwise wait
+    for the whole input-gradient chain, each holding its operands: the layer norm
+    sums written as rules held 0.3-0.6 GB more under GPT-2 and BERT training."""
+    base = graph.terms()
+    place = {t: i for i, t in enumerate(base)}
+    readers: dict[Term, list[Term]] = {}
+    for t in base:
+        for a in dict.fromkeys(t.args):
+            readers.setdefault(a, []).append(t)
+    done = {t for t in base if not t.args}
+    out = [t for t in base if not t.args]
+
+    def ready(c: Term) -> bool:
+        return c not in done and movable(c) and all(a in done for a in c.args)
+
+    def frees(c: Term, a: Term) -> bool:
+        made, held = _numel(c), _numel(a)
+        return made is not None and held is not None and made <= held
+
+    for t in base:
+        if t in done:
+            continue
+        work = [t]
+        while work:
+            u = work.pop()
+            if u in done:
+                continue
+            done.add(u)
+            out.append(u)
+            later: list[Term] = []
+            for a in dict.fromkeys(u.args):
+                rest = [c for c in readers.get(a, ()) if c not in done]
+                if rest and all(ready(c) and frees(c, a) for c in rest):
+                    later += rest
+            work += sorted(dict.fromkeys(later), key=place.__getitem__, reverse=True)
+    return out
+
+
+def _numel(t: Term) -> int | None:
+    """Elements `t` holds (a tuple's parts together), None when not known as a number."""
+    parts = t.meta.parts if t.meta.kind == "tuple" else (t.meta,)
+    total = 0
+    for m in parts:
+        if m is None or getattr(m, "kind", "tensor") != "tensor":
+            return None
+        n = m.numel()
+        if not isinstance(n, int):
+            return None
+        total += n
+    return total
+
+
 def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = None,
           launchers: dict[Term, Any] | None = None,
           clone_outputs: set[int] | None = None,
@@ -185,7 +244,9 @@ def lower(graph: Graph, bridge: Bridge, name: str, *, rules: list[str] | None = 
     if profile is not None:
         em.globals["_start"], em.globals["_stop"] = profile.functions()
     launchers = launchers or {}
-    order = [t for t in graph.terms() if t.op not in ("const", "tensor")]
+    order = [t for t in schedule(graph, lambda t: t.op in ("kernel", "getitem")
+                                 or bridge.table.get(t.op) is not None)
+             if t.op not in ("const", "tensor")]
     for t in graph.inputs:
         em.names[t] = f"a{t.attr('index')}"
     # Find each value's last use so intermediates are freed as early as eager would.
