@@ -67,15 +67,6 @@ static inline uint16_t rw_to_bf16(float f) {
 }
 static inline float rw_round_bf16(float x) { return rw_from_bf16(rw_to_bf16(x)); }"""
 
-
-def cpp_read(dtype: str, expr: str) -> str:
-    """A C++ load of `expr` (an element of a `dtype` tensor) as the kernel computes it."""
-    return f"rw_from_{dtype}({expr})" if dtype == "bf16" else expr
-
-
-def cpp_write(dtype: str, value: str) -> str:
-    """What a C++ kernel stores into a `dtype` tensor for the computed `value`."""
-    return f"rw_to_{dtype}({value})" if dtype == "bf16" else value
 # Integer tensors enter kernels only as operands of comparisons (class indices
 # against column positions: nll_loss, frontend/decompositions.py); they load as
 # they are, never as floats (exact past 2**24), and no kernel computes one.
@@ -92,6 +83,18 @@ def cpp_load_type(dtype: str, ctype: str) -> str:
     """The C++ type an input of `dtype` loads into: the compute type, or the
     integer's own."""
     return CPP_DTYPES[dtype] if dtype in INTS else ctype
+
+
+def cpp_read(dtype: str, expr: str) -> str:
+    """A C++ load of `expr` (an element of a `dtype` tensor) as the kernel computes it."""
+    return f"rw_from_{dtype}({expr})" if dtype == "bf16" else expr
+
+
+def cpp_write(dtype: str, value: str) -> str:
+    """What a C++ kernel stores into a `dtype` tensor for the computed `value`."""
+    return f"rw_to_{dtype}({value})" if dtype == "bf16" else value
+
+
 SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -509,8 +512,8 @@ def kernel_header(spec: KernelSpec, target: str, comment: str) -> list[str]:
 
 
 def _uses_bf16(spec: KernelSpec) -> bool:
-    return any(x.dtype == "bf16" for x in (*spec.inputs, *spec.outputs)) or any(
-        t.meta.dtype == "bf16" for t in spec.body)
+    dtypes = [x.dtype for x in spec.inputs] + [o.dtype for o in spec.outputs]
+    return "bf16" in dtypes or any(t.meta.dtype == "bf16" for t in spec.body)
 
 
 def template_shown(spec: KernelSpec, target: str) -> str:

@@ -223,7 +223,7 @@ def _numel(t: Term) -> int | None:
     parts = t.meta.parts if t.meta.kind == "tuple" else (t.meta,)
     total = 0
     for m in parts:
-        if m is None or getattr(m, "kind", "tensor") != "tensor":
+        if m is None or m.kind != "tensor":
             return None
         n = m.numel()
         if not isinstance(n, int):
