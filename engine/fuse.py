@@ -21,6 +21,12 @@ decide, with `root`, `ops` (the group's op count), `reductions`, `matmuls` and
 `outputs` (1 + the side outputs) bound. A matmul group (`MatmulSpace`) holds one
 matrix product and its epilogue and never grows into the product's operands.
 
+Sibling reductions: once every group has formed (and side outputs were given to
+their readers to compute again), groups of rules with `siblings: true` whose
+spaces give one key (a reduction kernel's input shape, dims and output shape) and
+that read a common input merge, where no path joins them (`Order.merge`): one
+kernel, one pass over the input, several outputs (`_merge_siblings`).
+
 A group becomes one `kernel` term whose operands are the group's inputs and
 whose `body` attribute is its root over `arg` placeholders; `kinds/` renders it
 by its kind (kinds/kind.py). A kernel with side outputs is tuple-valued (its meta's
@@ -178,6 +184,9 @@ class Order:
         self.ranks = {t: i for i, t in enumerate(order)}
         self.consumers = consumers
         self.owner = owner
+        # Groups that compute a term another group owns, again (its side output, which
+        # `_recompute_side_outputs` gave to its readers): they read its operands, not it
+        self.held: dict[Term, list[Group]] = {}
 
     def node(self, t: Term) -> Node:
         return self.owner.get(t, t)
@@ -187,9 +196,24 @@ class Order:
 
     def _next(self, n: Node, forward: bool) -> list[Node]:
         terms = n.members if isinstance(n, Group) else (n,)
-        near = [c for t in terms for c in (self.consumers.get(t, ()) if forward else t.args)]
+        if forward:
+            return [r for t in terms for r in self.readers(t, n)]
         inside = n.members if isinstance(n, Group) else ()
-        return [self.node(t) for t in near if t not in inside and t.op != "const"]
+        return [self.node(a) for t in terms for a in t.args
+                if a not in inside and a.op != "const"]
+
+    def readers(self, t: Term, n: Node) -> list[Node]:
+        """The nodes other than `n` that read term `t` (a member of `n`): those of its
+        users, and the groups computing a user again, that do not compute `t` too."""
+        inside = n.members if isinstance(n, Group) else ()
+        found: list[Node] = []
+        for c in self.consumers.get(t, ()):
+            if c in inside:
+                continue
+            for m in (self.node(c), *self.held.get(c, ())):
+                if m is not n and not (isinstance(m, Group) and t in m.members):
+                    found.append(m)
+        return found
 
     def _search(self, starts: list[Node], targets: set[Term], forward: bool,
                 bound: int) -> set[Node] | None:
@@ -234,11 +258,35 @@ class Order:
         depends on moves before them (Pearce and Kelly's reordering: the same
         places, dealt out again)."""
         high = max(self.ranks[m] for m in group.members)
-        late = [self.node(c) for s in group.outputs for c in self.consumers.get(s, ())
-                if c not in group.members and self.rank(self.node(c)) < high]
         group.rank = high
         for m in group.members:
             self.owner[m] = group
+        self._place(group, high)
+
+    def merge(self, keep: Group, drop: Group) -> bool:
+        """Make two formed groups one node (`keep`, which takes `drop`'s members and
+        outputs) at the later one's place, if no path leads from one to the other
+        (their union would not be convex). Users of the earlier one's outputs that
+        lay before that place move after it, as in `commit`."""
+        first, last = sorted((keep, drop), key=self.rank)
+        reach = self._search(self._next(first, True), set(), True, self.rank(last))
+        if reach is None or last in reach:
+            return False
+        high = self.rank(last)
+        for m in drop.members:
+            if self.owner.get(m) is drop:  # not members another group owns and recomputes
+                self.owner[m] = keep
+            held = self.held.get(m, [])
+            if drop in held:
+                held[held.index(drop)] = keep
+        keep.members |= drop.members
+        keep.outputs += [o for o in drop.outputs if o not in keep.outputs]
+        keep.rank = high
+        self._place(keep, high)
+        return True
+
+    def _place(self, group: Group, high: int) -> None:
+        late = [r for s in group.outputs for r in self.readers(s, group) if self.rank(r) < high]
         if not late:
             return
         after = self._search(late, set(), True, high)
@@ -314,7 +362,60 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
     if not groups:
         return graph, fired
     _recompute_side_outputs(groups, places, outputs, table)
+    merged = _merge_siblings(groups, places)
+    if log and merged:
+        log(f"{merged} sibling reduction kernel(s) merged into others")
     return _rebuild(graph, store, places, trace), fired
+
+
+# Reductions one kernel holds at most after merging siblings: each is an accumulator
+# block in registers (a Triton reduction's [BLOCK_O, BLOCK_R], compensated)
+SIBLING_REDUCTIONS = 4
+
+
+def _merge_siblings(groups: list[Group], places: Order) -> int:
+    """Groups of rules with `siblings: true` whose spaces give one key (a reduction
+    kernel's input shape, dims and output shape) and that read a common input become
+    one kernel with several outputs, where no path joins them and the space accepts
+    their union: one pass over the input for both (the weight and bias gradients of
+    layer norm and batch norm, sum(g * x^) and sum(g)). After `_recompute_side_outputs`,
+    which makes a weight gradient's sum read what the bias gradient's reads (x^ from
+    x, mean and rstd instead of the row kernel's side output). Returns the merges."""
+    buckets: dict[Any, list[Group]] = {}
+    for g in groups:
+        key = g.space.siblings() if g.rule.siblings and hasattr(g.space, "siblings") else None
+        if key is not None:
+            buckets.setdefault(key, []).append(g)
+    merged = 0
+    for bucket in buckets.values():
+        live = sorted(bucket, key=places.rank)
+        while _merge_one(live, places):
+            merged += 1
+    return merged
+
+
+def _merge_one(live: list[Group], places: Order) -> bool:
+    """Merge the first pair of `live` (in graph order) that may merge; whether one did."""
+    for i, h in enumerate(live):
+        reads = _reads(h)
+        accepts = getattr(h.space, "accepts", None)
+        for g in live[i + 1:]:
+            if _reductions(h) + _reductions(g) <= SIBLING_REDUCTIONS \
+                    and not reads.isdisjoint(_reads(g)) \
+                    and (accepts is None or accepts(h.members | g.members)) \
+                    and places.merge(h, g):
+                live.remove(g)
+                return True
+    return False
+
+
+def _reads(g: Group) -> set[Term]:
+    """What a group's kernel reads: its members' operands computed outside it."""
+    return {a for m in g.members for a in m.args if a not in g.members and a.op != "const"}
+
+
+def _reductions(g: Group) -> int:
+    return sum(m.op in ROW_REDUCTIONS for m in g.members)
 
 
 # A side output that only other kernels read, computed in its kernel by a few
@@ -322,8 +423,12 @@ def fuse(graph: Graph, store: TermStore, table: OpTable, rules: list[Rule], *,
 # those inputs instead: its writer stores one tensor less and no memory holds it
 # (layer_norm backward's x^ = (x - mean) * rstd, which the row kernel of the input's
 # gradient computed and wrote for the weight gradient's sum over the rows). Only
-# where the readers read no more full-size tensors than the one they stop reading.
+# where the full-size tensors the readers read instead are no more bytes than the
+# one they stop reading (an f32 g * x^ from bf16 g and x under autocast).
 RECOMPUTE_OPS = 8
+
+# Bits of a dtype's value, for the comparison above (others count as too wide)
+DTYPE_BITS = {**FLOAT_BITS, "b8": 8, "u8": 8, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 
 
 def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Term],
@@ -342,10 +447,14 @@ def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Ter
             leaves = {a for t in part for a in t.args if a not in part and a.op != "const"}
             full = [a for a in leaves if tuple(a.meta.shape) == tuple(s.meta.shape)]
             takers = list(dict.fromkeys(g for g in readers if g is not None))
-            if len(full) > 1 or not all(_can_take(g, part) for g in takers):
+            bits = sum(DTYPE_BITS.get(a.meta.dtype, 999) for a in full)
+            if bits > DTYPE_BITS.get(s.meta.dtype, 0) or \
+                    not all(_can_take(g, part) for g in takers):
                 continue
             for g in takers:
                 g.members |= part  # its kernel computes them again; `h` still owns them
+                for t in part:
+                    places.held.setdefault(t, []).append(g)
             h.outputs.remove(s)
 
 

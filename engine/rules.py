@@ -45,7 +45,7 @@ FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls", "outputs")
 # nothing can quote, call, or climb out of a folder.
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
-             "no_match", "fp_exact", "overrides", "kernel", "grow"}
+             "no_match", "fp_exact", "overrides", "kernel", "grow", "siblings"}
 FILE_KEYS = {"rules", "kind", "doc", "ops"}
 # Functions a replacement may use to compute attribute values.
 ATTR_FUNCS: dict[str, Any] = {
@@ -97,6 +97,9 @@ class Rule:
     builtin: bool = True
     # fuse rules: the op categories a group grows into from its root's producers
     grow: tuple[str, ...] = ()
+    # fuse rules: groups that reduce alike and read a common input merge into one
+    # kernel (engine/fuse.py: `_merge_siblings`), each one more output
+    siblings: bool = False
     # the `templates/` folder beside a user's rule file, searched before the package's
     template_dir: str | None = None
 
@@ -297,13 +300,18 @@ class RuleLoader:
         if not isinstance(grow, list) or any(g not in CATEGORIES for g in grow):
             raise RuleError(f"`grow:` lists op categories ({', '.join(CATEGORIES)})",
                             at("grow"))
+        siblings = entry.get("siblings", False)
+        if not isinstance(siblings, bool) or (siblings and kind != "fuse"):
+            raise RuleError("`siblings:` is true or false, on fuse rules only",
+                            at("siblings"))
         return Rule(
             name=name, doc=doc.strip(), kind=kind, pattern=pattern, pattern_src=src,
             replace=replace_ast, replace_src=replace_src, guards=tuple(guards), where=where,
             priority=priority, fp_exact=bool(entry.get("fp_exact", True)),
             overrides=bool(entry.get("overrides", False)), kernel=kernel,
             examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
-            grow=tuple(grow), template_dir=str(template_dir) if template_dir else None,
+            grow=tuple(grow), siblings=siblings,
+            template_dir=str(template_dir) if template_dir else None,
         )
 
     def _check_kernel(self, kind: str, kernel: Any, where: Where) -> None:

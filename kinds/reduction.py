@@ -26,7 +26,7 @@ from typing import Any
 
 import sympy
 
-from ..engine.fuse import FLOATS, ROW_REDUCTIONS, body_terms, reduced_dims
+from ..engine.fuse import FLOATS, ROW_REDUCTIONS, body_terms, kernel_outputs, reduced_dims
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator, cpp_accumulator
@@ -86,15 +86,18 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
         flat = all(in_flat[i] if p == "in" else out_flat[i] for p in phases[i])
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, False, rank))
     ops = [t for t in body if t.op not in ("arg", "const")]
-    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], rank, dims,
+    written = list(kernel_outputs(term))
+    digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body],
+                                  [body.index(t) for t in written], rank, dims,
                                   first.attr("keepdim"), [sorted(p) for p in phases.values()],
                                   in_flat, out_flat, [x.dtype for x in inputs])).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
     return KernelSpec(name=name, kind="reduction", rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
                       template_dir=term.attr("template_dir"),
-                      inputs=inputs, body=body, root=root, written=[root],
-                      outputs=[KOutput("out", root.meta.dtype, False, out_shape)],
+                      inputs=inputs, body=body, root=root, written=written,
+                      outputs=[KOutput("out" if k == 0 else f"out{k}", t.meta.dtype, False,
+                                       out_shape) for k, t in enumerate(written)],
                       rank=rank, replaced_ops=len(ops),
                       meta={"dims": dims, "kept": kept, "in_shape": in_shape,
                             "out_shape": out_shape, "keepdim": first.attr("keepdim"),
@@ -236,15 +239,17 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     combine_finish = [triton_finish(t.op, names[t], f"acc{j}", 1) for j, t in enumerate(red)]
     means = [f"{names[t]} = {names[t]} / n_red" for t in red if t.op == "mean"]
     epilogue = epi_loads + [f"{names[t]} = {value_expr(t, names, 'triton', table)}" for t in epi]
-    params = [f"{i.name}_ptr" for i in spec.inputs] + ["out_ptr"]
+    params = [f"{i.name}_ptr" for i in spec.inputs] + [f"{o.name}_ptr" for o in spec.outputs]
     params += [f"size{k}" for k in range(spec.rank)] + stride_params(spec)
     params += ["n_out", "n_red"]
+    stores = [f"tl.store({o.name}_ptr + offs_o, {names[t]}.to({TRITON_DTYPES[o.dtype]}), "
+              "mask=mask_o)" for o, t in zip(spec.outputs, spec.written, strict=True)]
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"),
                            name=spec.name, params=params, init=init, loads=loads, stmts=stmts,
                            update=update, finish=finish, partial=partial, means=means,
                            combine_init=combine, combine_loads=combine_loads,
-                           combine_finish=combine_finish, epilogue=epilogue,
+                           combine_finish=combine_finish, epilogue=epilogue, stores=stores,
                            result=names[spec.root], out_dtype=TRITON_DTYPES[spec.out_dtype])
 
 
@@ -254,7 +259,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     ctype = CPP_DTYPES[spec.compute]
     pro, red, epi = _split(spec)
     params = [f"const {CPP_DTYPES[i.dtype]}* __restrict__ {i.name}_ptr" for i in spec.inputs]
-    params += [f"{CPP_DTYPES[spec.out_dtype]}* __restrict__ out_ptr"]
+    params += [f"{CPP_DTYPES[o.dtype]}* __restrict__ {o.name}_ptr" for o in spec.outputs]
     params += [f"int64_t size{k}" for k in range(spec.rank)]
     params += [f"int64_t {p}" for p in stride_params(spec)]
     params += ["int64_t n_out", "int64_t n_red"]
@@ -300,6 +305,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                                      f"if(parallel: n_red >= {PARALLEL_REDUCTION_MIN})"),
                            finish=finish, epilogue=epilogue,
                            result=cpp_write(spec.out_dtype, names[spec.root]),
+                           stores=[f"{o.name}_ptr[o] = {cpp_write(o.dtype, names[t])};"
+                                   for o, t in zip(spec.outputs, spec.written, strict=True)],
                            columns=columns, col_body=col_loads + body[len(loads):] + update,
                            col_block=COLUMN_BLOCK, col_chunk=COLUMN_CHUNK,
                            simd_decls=simd_decls)
@@ -351,9 +358,10 @@ class ReductionSpace:
     members are I-shaped values (the prologue, computed per reduced element),
     reductions over the same dims of I-shaped values, and O-shaped values (the
     epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
-    is refused: the two phases could not be told apart by shape. No side outputs:
-    the prologue's values exist only inside the reduction's (possibly split) loop,
-    and the template stores one output."""
+    is refused: the two phases could not be told apart by shape. No side outputs
+    as it grows: the prologue's values exist only inside the reduction's (possibly
+    split) loop. Groups of one `siblings` key (the same I, dims and O) may merge
+    once formed (engine/fuse.py: `_merge_siblings`): one kernel, several outputs."""
 
     side_outputs = False
 
@@ -376,6 +384,10 @@ class ReductionSpace:
             return signature == self.signature
         return shape == self.out_shape or shape == self.in_shape
 
+    def siblings(self) -> tuple[Any, ...] | None:
+        """What groups that may merge share: the signature and the output shape."""
+        return None if self.signature is None else (self.signature, self.out_shape)
+
     def accepts(self, members: set[Term]) -> bool:
         """One pass: no prologue value may depend on a reduced one (a variance's
         `x - mean(x)` needs two passes over I; fuse-row does that along one dim)."""
@@ -394,12 +406,13 @@ def _render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 TEMPLATE_VARIABLES = {
     "triton": frozenset({"combine_finish", "combine_init", "combine_loads", "epilogue",
                          "finish", "header", "init", "loads", "means", "name",
-                         "out_dtype", "params", "partial", "result", "stmts", "update"}),
+                         "out_dtype", "params", "partial", "result", "stmts", "stores",
+                         "update"}),
     "openmp": frozenset({"body", "chunk", "chunk_end", "chunk_init", "col_block",
                          "col_body", "col_chunk", "columns", "declare", "epilogue",
                          "finish", "header", "name", "pairwise", "parallel", "params",
-                         "result", "simd", "simd_decls", "single_end", "thread_end",
-                         "thread_init"}),
+                         "result", "simd", "simd_decls", "single_end", "stores",
+                         "thread_end", "thread_init"}),
 }
 
 

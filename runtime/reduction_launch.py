@@ -17,7 +17,9 @@ from ..kinds.spec import KernelSpec, broadcast_sizes, stride_params
 from .launch import (
     CppLauncher,
     Launcher,
+    Result,
     _numel,
+    _result,
     cached_geometry,
     dense_strides,
     empty_strided,
@@ -33,17 +35,19 @@ class ReductionCppLauncher(CppLauncher):
         self.fn = fn
         self.fallback = fallback
         n_int = spec.rank + len(stride_params(spec)) + 2
-        fn.argtypes = [ctypes.c_void_p] * (len(spec.inputs) + 1) + [ctypes.c_int64] * n_int
+        fn.argtypes = [ctypes.c_void_p] * (len(spec.inputs) + len(spec.outputs)) \
+            + [ctypes.c_int64] * n_int
         fn.restype = None
-        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        space, out, tensors, strides, n_out, n_red, _ = _prepare_reduction(
-            self.spec, inputs, self.out_dtype)
-        if out.numel() == 0:
-            return out
-        self.fn(*[t.data_ptr() for t in tensors], out.data_ptr(), *space, *strides, n_out, n_red)
-        return out
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        space, outs, tensors, strides, n_out, n_red, _ = _prepare_reduction(
+            self.spec, inputs, self.out_dtypes)
+        if outs[0].numel() == 0:
+            return _result(outs)
+        self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs], *space,
+                *strides, n_out, n_red)
+        return _result(outs)
 
 
 class ReductionTritonLauncher(Launcher):
@@ -65,26 +69,27 @@ class ReductionTritonLauncher(Launcher):
         self.kernel = kernel
         self.combine = combine
         self.fallback = fallback
-        self.out_dtype = TORCH_DTYPES[spec.out_dtype]
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
         self.compute = TORCH_DTYPES[spec.compute]
 
     def watched(self) -> tuple[Any, ...]:
         return (self.kernel, self.combine)
 
-    def launch(self, *inputs: torch.Tensor) -> torch.Tensor:
-        space, out, tensors, strides, n_out, n_red, inner = _prepare_reduction(
-            self.spec, inputs, self.out_dtype)
+    def launch(self, *inputs: torch.Tensor) -> Result:
+        space, outs, tensors, strides, n_out, n_red, inner = _prepare_reduction(
+            self.spec, inputs, self.out_dtypes)
+        out = outs[0]
         if out.numel() == 0:
-            return out
+            return _result(outs)
         block_o, block_r = self.blocks(n_out, n_red, inner)
         programs_o = triton_cdiv(n_out, block_o)
         split, per_program = self.split(programs_o, n_red, block_o, block_r, out.device)
-        args = (*tensors, out, *space, *strides, n_out, n_red)
+        args = (*tensors, *outs, *space, *strides, n_out, n_red)
         warps = 8 if block_o * block_r >= 2048 else 4
         if split == 1:
             self.kernel[(programs_o, 1)](*args, per_program, out, SPLIT=False,
                                          BLOCK_O=block_o, BLOCK_R=block_r, num_warps=warps)
-            return out
+            return _result(outs)
         size = (self.spec.meta["accumulators"], split, n_out)
         part = empty_strided(size, dense_strides(size), self.compute, out.device)
         if self.temps is not None:  # a plan being learned allocates it at each call
@@ -95,16 +100,19 @@ class ReductionTritonLauncher(Launcher):
         block_o = min(_pow2(n_out), max(1, 2048 // block_s))
         self.combine[(triton_cdiv(n_out, block_o),)](*args, split, part, BLOCK_O=block_o,
                                                     BLOCK_S=block_s, num_warps=4)
-        return out
+        return _result(outs)
 
     def blocks(self, n_out: int, n_red: int, inner: bool) -> tuple[int, int]:
         """(BLOCK_O, BLOCK_R): long along the reduction when it is the contiguous
         axis (`x.sum(-1)`), long along the outputs when they are (`x.sum(0)`)."""
+        # more than two accumulators (sibling reductions in one kernel) in registers:
+        # tiles half as large
+        tile = self.TILE if self.spec.meta["accumulators"] <= 2 else self.TILE // 2
         if inner:
-            block_r = min(_pow2(n_red), self.TILE)
-            return min(_pow2(n_out), max(1, self.TILE // block_r)), block_r
+            block_r = min(_pow2(n_red), tile)
+            return min(_pow2(n_out), max(1, tile // block_r)), block_r
         block_o = min(_pow2(n_out), 64)
-        return block_o, min(_pow2(n_red), self.TILE // block_o)
+        return block_o, min(_pow2(n_red), tile // block_o)
 
     def split(self, programs_o: int, n_red: int, block_o: int, block_r: int,
               device: torch.device) -> tuple[int, int]:
@@ -156,11 +164,11 @@ class _ReductionGeometry:
 
 
 def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
-                       out_dtype: torch.dtype
-                       ) -> tuple[tuple[int, ...], torch.Tensor, Sequence[torch.Tensor],
+                       out_dtypes: list[torch.dtype]
+                       ) -> tuple[tuple[int, ...], list[torch.Tensor], Sequence[torch.Tensor],
                                   tuple[int, ...], int, int, bool]:
     """Run-time sizes of the input space with the kept dims first and the reduced
-    dims last, the output, the inputs as passed, their strides in launch order
+    dims last, the outputs (the root's first), the inputs as passed, their strides in launch order
     (kinds/reduction.py: stride_params), the numbers of outputs and of reduced
     elements per output, and whether the first prologue input is laid out with
     the reduction innermost (the Triton launcher's tile shape follows it).
@@ -168,10 +176,10 @@ def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     (launch.cached_geometry)."""
     g = cached_geometry(spec, inputs, _reduction_geometry)
     device = inputs[0].device if inputs else torch.device("cpu")
-    out = empty_strided(g.out_shape, g.out_stride, out_dtype, device)
+    outs = [empty_strided(g.out_shape, g.out_stride, dtype, device) for dtype in out_dtypes]
     tensors = inputs if g.direct else [x.contiguous() if flat else x
                                        for x, flat in zip(inputs, g.flat, strict=True)]
-    return g.space, out, tensors, g.strides, g.n_out, g.n_red, g.inner
+    return g.space, outs, tensors, g.strides, g.n_out, g.n_red, g.inner
 
 
 def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
