@@ -423,8 +423,9 @@ def _reductions(g: Group) -> int:
 # those inputs instead: its writer stores one tensor less and no memory holds it
 # (layer_norm backward's x^ = (x - mean) * rstd, which the row kernel of the input's
 # gradient computed and wrote for the weight gradient's sum over the rows). Only
-# where the full-size tensors the readers read instead are no more bytes than the
-# one they stop reading (an f32 g * x^ from bf16 g and x under autocast).
+# where that moves no more bytes: the full-size tensors each reader reads instead,
+# against the side output's write and each reader's read of it (an f32 g * x^ read
+# by one sum: 8 bytes an element, against bf16 g and f32 x, 6).
 RECOMPUTE_OPS = 8
 
 # Bits of a dtype's value, for the comparison above (others count as too wide)
@@ -448,7 +449,7 @@ def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Ter
             full = [a for a in leaves if tuple(a.meta.shape) == tuple(s.meta.shape)]
             takers = list(dict.fromkeys(g for g in readers if g is not None))
             bits = sum(DTYPE_BITS.get(a.meta.dtype, 999) for a in full)
-            if bits > DTYPE_BITS.get(s.meta.dtype, 0) or \
+            if len(takers) * bits > (1 + len(takers)) * DTYPE_BITS.get(s.meta.dtype, 0) or \
                     not all(_can_take(g, part) for g in takers):
                 continue
             for g in takers:

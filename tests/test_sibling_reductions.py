@@ -145,6 +145,34 @@ def test_layer_norm_weight_and_bias_gradients_in_one_pass(autocast: bool, target
     assert any(k["outputs"] >= 2 for k in backward), backward
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_f32_layer_norm_between_bf16_layers(target: str) -> None:
+    """CUDA's autocast runs layer_norm in f32 between bf16 products: the gradient
+    arrives in bf16 and the saved input is f32. The row kernel of the input's gradient
+    must not write an f32 g * x^ for the weight's sum (8 bytes an element moved,
+    against 6 to compute it again where g and x are read): the weight's and bias's
+    sums read g and x themselves, in one kernel."""
+    torch.manual_seed(3)
+    l1 = torch.nn.Linear(24, 24).to(DEVICE, torch.bfloat16)
+    ln = torch.nn.LayerNorm(24).to(DEVICE)
+    l2 = torch.nn.Linear(24, 8).to(DEVICE, torch.bfloat16)
+    torch.nn.init.normal_(ln.weight)
+    params = [*l1.parameters(), *ln.parameters(), *l2.parameters()]
+
+    def f(x):
+        return l2(ln(l1(x).float()).bfloat16())
+
+    x = torch.randn(4, 9, 24, device=DEVICE, dtype=torch.bfloat16)
+    compiled = _compile(f, target)
+    want = torch.autograd.grad(f(x).float().square().sum(), params)
+    got = torch.autograd.grad(compiled(x).float().square().sum(), params)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2 * max(1.0, float(b.abs().max())))
+    backward = [k for rec in report.RECORDS if rec.kind == "backward" for k in rec.kernels]
+    assert any(k["kind"] == "reduction" and k["outputs"] == 2 for k in backward), backward
+    assert all(k["outputs"] == 1 for k in backward if k["kind"] == "row"), backward
+
+
 def test_siblings_is_a_boolean_on_fuse_rules(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(textwrap.dedent("""\
