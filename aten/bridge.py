@@ -10,6 +10,7 @@ Everything torch-specific about a term lives here:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -216,17 +217,23 @@ class Bridge:
     def _table_call(self, info: OpInfo, term: Term) -> tuple[Any, list[Any], dict[str, Any],
                                                              list[Term]]:
         operands = list(term.args)
-        found = self.accepting(info, operands)
+        listed = _list_overload(info)
+        if listed is not None:
+            found: tuple[torch._ops.OpOverload, list[Term]] | None = (listed, operands)
+            slots: dict[int, Any] = {0: [Slot(k) for k in range(len(operands))]}
+        else:
+            found = self.accepting(info, operands)
+            slots = {} if found is None else {pos: Slot(k) for k, pos in enumerate(
+                operand_positions(found[0]._schema.arguments, len(found[1])))}
         if found is not None:
             op, order = found
             schema_args = op._schema.arguments
             args: list[Any] = []
             kwargs: dict[str, Any] = {}
             attrs = dict(term.attrs)
-            slots = {pos: k for k, pos in enumerate(operand_positions(schema_args, len(order)))}
             for i, arg in enumerate(schema_args):
                 if i in slots:
-                    value: Any = Slot(slots[i])
+                    value: Any = slots[i]
                 elif arg.name in attrs:
                     value = to_torch_attr(attrs[arg.name], arg)
                 else:
@@ -264,6 +271,17 @@ class Bridge:
         if isinstance(v, torch.Tensor) and not isinstance(v, torch._subclasses.FakeTensor):
             return self.fake_mode.from_tensor(v)
         return v
+
+
+@functools.lru_cache(maxsize=None)
+def _list_overload(info: OpInfo) -> torch._ops.OpOverload | None:
+    """The op's overload if it takes a tensor list first (`cat`): the term's operands,
+    two or more, are that list (aten/convert.py: _list_term)."""
+    if len(info.aten) != 1:
+        return None
+    op = overload(info.overloads()[0][0])
+    schema_args = op._schema.arguments
+    return op if schema_args and str(schema_args[0].type) == "List[Tensor]" else None
 
 
 def _fill(spec: Any, values: list[Any]) -> Any:

@@ -21,6 +21,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..engine.ops import OpInfo
 from ..engine.term import Graph, Term, TermStore, freeze
 from .bridge import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
 from .fold import tensor_term
@@ -144,10 +145,10 @@ def _convert_call(node: torch.fx.Node, env: dict[torch.fx.Node, Term], store: Te
         number = _scalar_tensor_const(node, store)
         if number is not None and numbers is not None:
             numbers[node] = number  # what table ops read; anything else the tensor
-        term = _table_term(node, target, env, store, bridge, meta, nonce, numbers or {})
+        term = _cat_of_one(node, env, store, bridge, meta)  # before the table's `cat`
         if term is not None:
             return term
-        term = _cat_of_one(node, env, store, bridge, meta)
+        term = _table_term(node, target, env, store, bridge, meta, nonce, numbers or {})
         if term is not None:
             return term
         return _generic(node, "aten", target, env, store, meta, nonce)
@@ -250,6 +251,8 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     for arg, value in zip(schema_args, node.args, strict=False):
         bound[arg.name] = value
     bound.update(node.kwargs)
+    if schema_args and str(schema_args[0].type) == "List[Tensor]":
+        return _list_term(info, schema_args, bound, env, store, meta)
     operands: list[Term] = []
     tensors: dict[int, Term] = {}  # operands read as numbers -> their tensor terms
     attrs: list[tuple[str, Any]] = []
@@ -287,6 +290,29 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     if target is torch.ops.aten._to_copy.default:
         attrs = _plain_cast(attrs, ordered[0])
     return store.make(info.name, ordered, tuple(attrs) + nonce, meta)
+
+
+def _list_term(info: OpInfo, schema_args: list[Any], bound: dict[str, Any],
+               env: dict[torch.fx.Node, Term], store: TermStore, meta: Any) -> Term | None:
+    """An op whose overload takes a tensor list first (`cat`): its operands are the
+    list's tensors, two or more, and every other argument an attribute."""
+    tensors = bound.get(schema_args[0].name)
+    if not isinstance(tensors, list | tuple) or len(tensors) < 2 or not all(
+            isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)
+            for n in tensors):
+        return None
+    attrs: list[tuple[str, Any]] = []
+    for arg in schema_args[1:]:
+        if arg.name in bound:
+            value = bound[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            return None
+        if _has_node(value) or arg.name not in info.attrs:
+            return None  # symbolic, or an attribute the table does not know
+        attrs.append((arg.name, from_torch_attr(value)))
+    return store.make(info.name, [env[n] for n in tensors], tuple(attrs), meta)
 
 
 def _in_table_order(operands: list[Term], order: tuple[int, ...]) -> list[Term]:

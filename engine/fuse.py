@@ -436,9 +436,9 @@ def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Ter
                             table: OpTable) -> None:
     for h in groups:
         for s in list(h.outputs[1:]):
-            readers = [places.owner.get(c) for c in places.consumers.get(s, ())
-                       if c not in h.members]
-            if s in outputs or not readers or any(g is None or g is h for g in readers):
+            # every kernel reading it: its users' and those computing a user again
+            readers = places.readers(s, h)
+            if s in outputs or not readers or any(not isinstance(g, Group) for g in readers):
                 continue  # an ATen op (or the caller) reads it: it must be written
             part = _closure(s, h.members)
             info = [table.get(t.op) for t in part]
@@ -447,7 +447,7 @@ def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Ter
                 continue
             leaves = {a for t in part for a in t.args if a not in part and a.op != "const"}
             full = [a for a in leaves if tuple(a.meta.shape) == tuple(s.meta.shape)]
-            takers = list(dict.fromkeys(g for g in readers if g is not None))
+            takers = list(dict.fromkeys(g for g in readers if isinstance(g, Group)))
             bits = sum(DTYPE_BITS.get(a.meta.dtype, 999) for a in full)
             if len(takers) * bits > (1 + len(takers)) * DTYPE_BITS.get(s.meta.dtype, 0) or \
                     not all(_can_take(g, part) for g in takers):

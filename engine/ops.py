@@ -17,7 +17,9 @@ from .opexpr import check_expression
 from .yamlio import load_yaml
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
-CATEGORIES = ("pointwise", "reduction", "view", "extern")
+# indexed: an element reads its operands at other positions (cat, slice_scatter);
+# only pointwise kernels compute them (kinds/indexed.py)
+CATEGORIES = ("pointwise", "indexed", "reduction", "view", "extern")
 # Ops that exist in every graph but not in the table.
 BUILTIN_OPS = ("input", "const", "getitem", "aten", "call", "tensor", "kernel")
 

@@ -36,6 +36,7 @@ from ..engine.fuse import (
     ROW_REDUCTIONS,
     body_terms,
     kernel_outputs,
+    static_shape,
 )
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
@@ -102,6 +103,40 @@ class RenderError(Exception):
     """The group cannot be rendered by this target; it falls back to ATen."""
 
 
+# Ops that read an operand at other positions (the op table's `indexed` category),
+# which pointwise kernels compute (kinds/indexed.py), and the views among them: a
+# `slice` joins a pointwise kernel that holds one of the others (kinds/pointwise.py).
+INDEXED_OPS = ("cat", "slice_scatter", "slice_backward")
+MOVES = (*INDEXED_OPS, "slice")
+
+
+def _indexed_computable(t: Term) -> bool:
+    """Whether a kernel computes indexed op `t` (or a slice) as ATen does: static
+    shapes, a step of 1, and (cat) pieces that differ only along the cat's dim (not
+    the 1-d empty tensors cat skips)."""
+    if not all(a.meta.kind == "tensor" and static_shape(a.meta.shape) for a in t.args) \
+            or not static_shape(t.meta.shape):
+        return False
+    dim, rank = t.attr("dim"), t.meta.rank
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -rank <= dim < rank:
+        return False
+    if t.op == "cat":
+        d = dim % rank
+        return len(t.args) >= 2 and all(
+            a.meta.rank == rank and all(a.meta.shape[k] == t.meta.shape[k]
+                                        for k in range(rank) if k != d) for a in t.args)
+    if t.attr("step") != 1 or not all(v is None or (isinstance(v, int) and not isinstance(
+            v, bool)) for v in (t.attr("start"), t.attr("end"))):
+        return False
+    if t.op == "slice_scatter":
+        return tuple(t.args[0].meta.shape) == tuple(t.meta.shape) \
+            and t.args[1].meta.rank == rank
+    if t.op == "slice_backward":
+        return tuple(t.attr("input_sizes")) == tuple(t.meta.shape) \
+            and t.args[0].meta.rank == rank
+    return t.op == "slice"
+
+
 def spec_of(term: Term, index: int, kind: str,
             rows: tuple[int, tuple[Any, ...]] | None = None) -> KernelSpec:
     """The spec of a kernel term over its root's elements (kinds/pointwise.py), or,
@@ -119,17 +154,19 @@ def spec_of(term: Term, index: int, kind: str,
     # strides ATen gives the root, e.g. NHWC after a channels_last convolution):
     # the launcher allocates the output so and permutes sizes and strides to it.
     order = None if dim is not None else dense_order(root.meta.shape, root.meta.strides)
+    # Indexed ops read inputs at other positions: through their strides, always
+    indexed = any(t.op in MOVES for t in body)
     inputs = []
     for i, a in enumerate(term.args):
         ashape = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
         per_row = dim is not None and ashape[dim] == 1 and shape[dim] != 1
-        flat = last and a.meta.rank == rank and _contiguous(a, order) and (
+        flat = last and not indexed and a.meta.rank == rank and _contiguous(a, order) and (
             ashape == shape or (per_row and ashape == per_row_shape))
         shared = dim is not None and not per_row and any(
             shape[k] != 1 for k in range(rank) if k != dim) and all(
             ashape[k] == 1 for k in range(rank) if k != dim)
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, per_row, rank, shared))
-    tile = _tile_dim(term, order, rank) if dim is None else None
+    tile = _tile_dim(term, order, rank) if dim is None and not indexed else None
     ops = [t for t in body if t.op not in ("arg", "const")]
     written = list(kernel_outputs(term))
     outputs = [KOutput("out" if k == 0 else f"out{k}", t.meta.dtype,
@@ -141,14 +178,16 @@ def spec_of(term: Term, index: int, kind: str,
         key += (tuple(body.index(t) for t in written),)
     digest = hashlib.sha256(repr(key).encode())
     name = f"k{index}_{term.attr('rule').replace('-', '_')}_{digest.hexdigest()[:8]}"
+    meta = {"dim": dim, "shape": shape, "order": order, "tile": tile,
+            # the named rewrites the variants pass applied (kinds/kind.py)
+            "rewrites": term.attr("rewrites", ())}
+    if indexed:  # the launcher takes the (static) shape from here, not from the inputs
+        meta["indexed"] = True
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
                       template_dir=term.attr("template_dir"),
                       inputs=inputs, body=body, root=root, outputs=outputs, written=written,
-                      rank=rank, replaced_ops=len(ops),
-                      meta={"dim": dim, "shape": shape, "order": order, "tile": tile,
-                            # the named rewrites the variants pass applied (kinds/kind.py)
-                            "rewrites": term.attr("rewrites", ())})
+                      rank=rank, replaced_ops=len(ops), meta=meta)
 
 
 def _tile_dim(term: Term, order: tuple[int, ...] | None, rank: int) -> int | None:
@@ -377,6 +416,10 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     if t.op in RESHAPES:
         # inside a matmul kernel a reshape of the product is a renaming (MatmulSpace)
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS
+    if t.op in MOVES:
+        # copies of values, at other positions: in pointwise kernels (kinds/indexed.py)
+        return t.meta.dtype in FLOATS and _indexed_computable(t) and on_device(t, target) \
+            and all(_operand_ok(t, a, dtypes) for a in t.args)
     if t.op in ROW_REDUCTIONS:
         pass  # engine/fuse.py checks the reduction's dims; the template renders it
     elif (info.triton if target == "triton" else info.cpp) is None:
@@ -526,15 +569,17 @@ def template_shown(spec: KernelSpec, target: str) -> str:
     return str(path)
 
 
-def triton_load(spec: KernelSpec, k: int, off: str, mask: str | None) -> str:
-    """Input k loaded at `off` (masked by `mask`, if any) into the compute dtype."""
+def triton_load(spec: KernelSpec, k: int, off: str, mask: str | None,
+                name: str | None = None) -> str:
+    """Input k loaded at `off` (masked by `mask`, if any) into the compute dtype, as
+    variable `name` (x{k} by default)."""
     inp = spec.inputs[k]
     compute = "tl.float64" if spec.compute == "f64" else "tl.float32"
     cast = load_cast(inp.dtype, compute)
     if inp.dtype in ("f16", "bf16") and spec.compute == "f64":
         cast = f".to(tl.float32){cast}"  # exact; the interpreter has no half -> f64
     m = f", mask={mask}, other=0" if mask else ""
-    return f"x{k} = tl.load({inp.name}_ptr + {off}{m}){cast}"
+    return f"{name or f'x{k}'} = tl.load({inp.name}_ptr + {off}{m}){cast}"
 
 
 def triton_statement(t: Term, names: dict[Term, str], table: OpTable) -> str:

@@ -20,6 +20,7 @@ from ..engine.fuse import FLOATS, MATMULS, RESHAPES, ROW_REDUCTIONS, body_terms,
 from ..engine.ops import OpTable
 from ..engine.term import Term
 from .kernels import (
+    MOVES,
     TRITON_DTYPES,
     RenderError,
     _contiguous,
@@ -156,7 +157,9 @@ class MatmulSpace:
             # only the reshape right above the product, from [M, N] to S
             return self.mm is None and tuple(t.meta.shape) == self.shape \
                 and tuple(t.args[0].meta.shape) == self._flat() and t.args[0].op in MATMULS
-        return tuple(t.meta.shape) == self.shape and t.op not in ROW_REDUCTIONS
+        # not a slice, which the rule's `view` lets in: pointwise kernels read those
+        return tuple(t.meta.shape) == self.shape and t.op not in ROW_REDUCTIONS \
+            and t.op not in MOVES
 
     def _flat(self) -> tuple[Any, ...]:
         m = 1

@@ -5,15 +5,21 @@ Rule fuse-pointwise names it. Its spec is built as the row kind's
 statements and stores, templates/<target>/pointwise.*.j2 the loop around them.
 On Triton, a kernel whose input and output disagree on the innermost dim (NHWC read,
 NCHW written) runs as the `pointwise_tiled` variant instead (kinds/pointwise_tiled.py).
+A kernel holding indexed ops (cat, slice_scatter, slice_backward, and slices of
+values it computes) reads inputs at other positions: kinds/indexed.py writes its
+loads and statements, for the same templates.
 """
 
 from __future__ import annotations
 
 from ..engine.fuse import ROW_REDUCTIONS, FLOATS, broadcasts, kernel_value
-from ..engine.ops import OpTable
+from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
+from . import indexed
 from .kernels import (
     CPP_DTYPES,
+    INDEXED_OPS,
+    MOVES,
     check_template,
     cpp_load_type,
     cpp_params,
@@ -42,20 +48,35 @@ class PointwiseSpace:
     operands are read through the broadcast, as the kernel's inputs are). A
     float member of the root's shape may be a side output: it is stored where the
     root is, element by element (a broadcast one has no such place, a bool mask
-    no float to store: those stay outside when something else reads them)."""
+    no float to store: those stay outside when something else reads them).
+    Indexed ops (kinds/indexed.py) join over a static shape, and so do what they
+    read, whatever its shape (a cat's pieces); of the views, only a slice, and only
+    once the group holds an indexed op (`indexed`): a kernel without one keeps
+    reading a slice of its input as the view it is."""
 
     side_outputs = True
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
         self.root = root
+        self.indexed = False
 
     def fits(self, t: Term) -> bool:
-        return kernel_value(t, self.root) and broadcasts(tuple(t.meta.shape), self.shape) \
-            and t.op not in ROW_REDUCTIONS
+        if not kernel_value(t, self.root) or t.op in ROW_REDUCTIONS:
+            return False
+        if t.op in MOVES or not broadcasts(tuple(t.meta.shape), self.shape):
+            # what a cat reads, at other positions: computed values (pointwise, indexed)
+            # and slices; no other view (a reshape has no point-for-point reading)
+            if t.op not in MOVES and default_op_table().category(t.op) == "view":
+                return False
+            ok = indexed.fits(t, self.shape) and (t.op != "slice" or self.indexed)
+            self.indexed |= ok and t.op in INDEXED_OPS
+            return ok
+        return default_op_table().category(t.op) != "view"
 
     def can_output(self, t: Term) -> bool:
-        return t.meta.dtype in FLOATS and tuple(t.meta.shape) == self.shape
+        return t.meta.dtype in FLOATS and tuple(t.meta.shape) == self.shape \
+            and t.op != "slice"  # a view: its users read it where it lies
 
 
 def _spec(term: Term, index: int) -> KernelSpec:
@@ -77,6 +98,9 @@ def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 
 def _render_triton(spec: KernelSpec, table: OpTable) -> str:
+    if spec.meta.get("indexed"):
+        loads, stmts, values = indexed.triton_parts(spec, table)
+        return render_elementwise_triton(spec, table, loads, stmts=stmts, values=values)
     loads = [triton_load(spec, k, "offs" if inp.flat else print_index(
         strided_offset(spec.rank, inp.name, "offs"), "triton"), "mask")
         for k, inp in enumerate(spec.inputs)]
@@ -84,15 +108,19 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
 
 
 def render_elementwise_triton(spec: KernelSpec, table: OpTable, loads: list[str],
-                              **extra: object) -> str:
+                              stmts: list[str] | None = None,
+                              values: list[str] | None = None, **extra: object) -> str:
     """The body, stores and template of an elementwise Triton kernel around `loads`:
     every value at `offs` under `mask` (the tiled variant passes its tile's
-    offsets in `extra`)."""
-    names = term_names(spec)
-    stmts = [triton_statement(t, names, table) for t in spec.body
-             if t.op not in ("arg", "const")]
-    stores = [triton_store(spec, o, names[t], "offs", "mask")
-              for o, t in zip(spec.outputs, spec.written, strict=True)]
+    offsets in `extra`). `stmts` and the outputs' `values`: one statement per body
+    term, unless given (kinds/indexed.py)."""
+    if stmts is None or values is None:
+        names = term_names(spec)
+        stmts = [triton_statement(t, names, table) for t in spec.body
+                 if t.op not in ("arg", "const")]
+        values = [names[t] for t in spec.written]
+    stores = [triton_store(spec, o, v, "offs", "mask")
+              for o, v in zip(spec.outputs, values, strict=True)]
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"), name=spec.name,
                            params=triton_params(spec, "n_elements"), loads=loads,
@@ -100,6 +128,8 @@ def render_elementwise_triton(spec: KernelSpec, table: OpTable, loads: list[str]
 
 
 def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -> str:
+    if spec.meta.get("indexed"):
+        return _render_cpp_indexed(spec, table, simd_decls)
     names = term_names(spec)
     ctype = CPP_DTYPES[spec.compute]
 
@@ -144,6 +174,21 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                            params=cpp_params(spec, "n_elements"), body=lines + compute,
                            stores=stores, rows=bool(row_lines), row_body=row_lines,
                            unit_stride=unit_stride, unit_body=contiguous + compute,
+                           simd_decls=simd_decls)
+
+
+def _render_cpp_indexed(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]
+                        ) -> str:
+    """Rows of the last dim, as strided kernels run: the element's index at the outer
+    positions and each load's offset there once per row (kinds/indexed.py)."""
+    parts = indexed.cpp_parts(spec, table)
+    stores = [{"ptr": f"{o.name}_ptr", "value": cpp_write(o.dtype, v)}
+              for o, v in zip(spec.outputs, parts.outputs, strict=True)]
+    return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
+                           header=kernel_header(spec, "openmp", "//"), name=spec.name,
+                           params=cpp_params(spec, "n_elements"), body=parts.body,
+                           stores=stores, rows=True, row_body=parts.row_body,
+                           unit_stride=parts.unit_stride, unit_body=parts.unit_body,
                            simd_decls=simd_decls)
 
 

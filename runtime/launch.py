@@ -463,7 +463,11 @@ def _geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
 
 
 def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Geometry:
-    shape = broadcast_sizes([x.shape for x in inputs])
+    # A kernel with indexed ops (kinds/indexed.py) reads inputs of other shapes than
+    # its own (a cat's pieces): its shape, static, is the spec's
+    indexed = bool(spec.meta.get("indexed"))
+    shape = list(spec.meta["shape"]) if indexed else \
+        broadcast_sizes([x.shape for x in inputs])
     dim = spec.meta.get("dim")
     if len(shape) < spec.rank:
         shape = [1] * (spec.rank - len(shape)) + shape
@@ -481,7 +485,8 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     strides: list[int] = []
     for x, inp in zip(inputs, spec.inputs, strict=True):
         if not inp.flat:
-            st = x.expand(keep if inp.per_row else shape).stride()
+            st = _broadcast_strides(x, len(shape)) if indexed else \
+                x.expand(keep if inp.per_row else shape).stride()
             strides.extend(st[k] for k in perm)
     space = tuple(shape[k] for k in perm)
     permuted = perm != list(range(len(perm)))
@@ -505,6 +510,13 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     count = (_numel(space) // cols if cols else 0) if spec.by_rows else numel
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
                      flat, numel, direct, (*space, *strides, count, cols))
+
+
+def _broadcast_strides(x: torch.Tensor, rank: int) -> tuple[int, ...]:
+    """x's strides aligned to `rank` dims as broadcasting aligns them, 0 where x has
+    size 1: what `expand` gives, for an x of any sizes."""
+    lead = (0,) * (rank - x.dim())
+    return lead + tuple(0 if n == 1 else st for n, st in zip(x.shape, x.stride(), strict=True))
 
 
 def dense_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
