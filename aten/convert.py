@@ -260,11 +260,8 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     if len(positions) < len(info.args):
         return None
     for i, arg in enumerate(schema_args):
-        if arg.name in bound:
-            value = bound[arg.name]
-        elif arg.has_default_value():
-            value = arg.default_value
-        else:
+        value = _argument(arg, bound)
+        if value is _MISSING:
             return None
         if i in positions:
             if isinstance(value, torch.fx.Node):
@@ -292,6 +289,16 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     return store.make(info.name, ordered, tuple(attrs) + nonce, meta)
 
 
+_MISSING: Any = object()
+
+
+def _argument(arg: Any, bound: dict[str, Any]) -> Any:
+    """A schema argument's value in a call: as bound, else its default, else _MISSING."""
+    if arg.name in bound:
+        return bound[arg.name]
+    return arg.default_value if arg.has_default_value() else _MISSING
+
+
 def _list_term(info: OpInfo, schema_args: list[Any], bound: dict[str, Any],
                env: dict[torch.fx.Node, Term], store: TermStore, meta: Any) -> Term | None:
     """An op whose overload takes a tensor list first (`cat`): its operands are the
@@ -303,11 +310,8 @@ def _list_term(info: OpInfo, schema_args: list[Any], bound: dict[str, Any],
         return None
     attrs: list[tuple[str, Any]] = []
     for arg in schema_args[1:]:
-        if arg.name in bound:
-            value = bound[arg.name]
-        elif arg.has_default_value():
-            value = arg.default_value
-        else:
+        value = _argument(arg, bound)
+        if value is _MISSING:
             return None
         if _has_node(value) or arg.name not in info.attrs:
             return None  # symbolic, or an attribute the table does not know
