@@ -35,6 +35,20 @@ def tol(dtype: torch.dtype) -> dict[str, float]:
     return TOLERANCES[dtype]
 
 
+def kernel_targets() -> tuple[str, list[str]]:
+    """The device the kernel tests run on and the targets they compile for: OpenMP
+    on a CPU machine with a compiler, Triton on a GPU or under the interpreter."""
+    import os
+
+    from rewritec.runtime.build import cxx
+
+    cuda = torch.cuda.is_available()
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    targets = (["openmp"] if cxx() and not cuda else []) + (
+        ["triton"] if cuda or interpreted else [])
+    return ("cuda" if cuda else "cpu"), targets
+
+
 # --------------------------------------------------------------------------- models
 class MLP(nn.Module):
     def __init__(self, d_in: int = 16, d_hidden: int = 32, d_out: int = 8) -> None:

@@ -9,21 +9,16 @@ and backward, in f32, bf16, f16 and under CPU autocast; what a kernel cannot com
 from __future__ import annotations
 
 import collections
-import os
 from collections.abc import Callable
 
 import pytest
 import torch
 
 import rewritec  # noqa: F401 - registers the backend
+from models import kernel_targets
 from rewritec import report
-from rewritec.runtime.build import cxx
 
-CUDA = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-TARGETS = (["openmp"] if cxx() and not CUDA else []) + (["triton"] if CUDA or INTERPRETED
-                                                          else [])
+DEVICE, TARGETS = kernel_targets()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INDEXED = ("cat", "slice_scatter", "slice_backward")
 

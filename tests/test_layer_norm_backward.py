@@ -7,20 +7,15 @@ autocast, the gradients of the input and of every parameter."""
 from __future__ import annotations
 
 import collections
-import os
 
 import pytest
 import torch
 
 import rewritec  # noqa: F401 - registers the backend
+from models import kernel_targets
 from rewritec import report
-from rewritec.runtime.build import cxx
 
-CUDA = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-TARGETS = (["openmp"] if cxx() and not CUDA else []) + (["triton"] if CUDA or INTERPRETED
-                                                          else [])
+DEVICE, TARGETS = kernel_targets()
 HALVES = [torch.bfloat16, torch.float16]
 
 
@@ -91,7 +86,7 @@ def test_layer_norm_backward_in_kernels_f32(shape, affine: bool, target: str) ->
                    for k in backward.kernels if k["rules"] == ["fuse-reduction"])
 
 
-@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="halves compute in Triton kernels only")
+@pytest.mark.skipif("triton" not in TARGETS, reason="halves compute in Triton kernels only")
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
 @pytest.mark.parametrize("shape", [(4, 33), (2, 3, 64)], ids=str)
@@ -100,7 +95,7 @@ def test_layer_norm_backward_in_kernels_half(shape, affine: bool, dtype: torch.d
     assert "native_layer_norm_backward" not in outside and "native_layer_norm" not in outside
 
 
-@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="halves compute in Triton kernels only")
+@pytest.mark.skipif("triton" not in TARGETS, reason="halves compute in Triton kernels only")
 @pytest.mark.parametrize("shape", [(4, 33), (2, 3, 64)], ids=str)
 def test_layer_norm_backward_under_autocast(shape) -> None:
     outside = _check(shape, torch.float32, True, True, "triton")

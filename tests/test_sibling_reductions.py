@@ -7,7 +7,6 @@ reads, another signature) stays apart, and results stay eager's."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -15,16 +14,12 @@ import pytest
 import torch
 
 import rewritec  # noqa: F401 - registers the backend
+from models import kernel_targets
 from rewritec import report
 from rewritec.engine.errors import RuleError, RuleErrors
 from rewritec.rulesets import load_rule_files
-from rewritec.runtime.build import cxx
 
-CUDA = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-TARGETS = (["openmp"] if cxx() and not CUDA else []) + (["triton"] if CUDA or INTERPRETED
-                                                          else [])
+DEVICE, TARGETS = kernel_targets()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
