@@ -411,7 +411,12 @@ def _merge_one(live: list[Group], places: Order) -> bool:
 
 def _reads(g: Group) -> set[Term]:
     """What a group's kernel reads: its members' operands computed outside it."""
-    return {a for m in g.members for a in m.args if a not in g.members and a.op != "const"}
+    return _leaves(g.members)
+
+
+def _leaves(terms: set[Term]) -> set[Term]:
+    """The operands of `terms` computed outside them (constants aside)."""
+    return {a for t in terms for a in t.args if a not in terms and a.op != "const"}
 
 
 def _reductions(g: Group) -> int:
@@ -445,8 +450,7 @@ def _recompute_side_outputs(groups: list[Group], places: Order, outputs: set[Ter
             if len(part) > RECOMPUTE_OPS or any(i is None or i.category != "pointwise"
                                                 for i in info):
                 continue
-            leaves = {a for t in part for a in t.args if a not in part and a.op != "const"}
-            full = [a for a in leaves if tuple(a.meta.shape) == tuple(s.meta.shape)]
+            full = [a for a in _leaves(part) if tuple(a.meta.shape) == tuple(s.meta.shape)]
             takers = list(dict.fromkeys(g for g in readers if isinstance(g, Group)))
             bits = sum(DTYPE_BITS.get(a.meta.dtype, 999) for a in full)
             if len(takers) * bits > (1 + len(takers)) * DTYPE_BITS.get(s.meta.dtype, 0) or \
