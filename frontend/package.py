@@ -313,7 +313,7 @@ def _kernel(launcher: Launcher, members: dict[str, bytes], tensors: dict[str, to
             entry["aten"] = enc.program
             tensors.update(enc.constants)
     if recipe.target == "openmp":
-        _, source = build_cpp(recipe.source, spec.name, recipe.contract)
+        _, source = build_cpp(recipe.source, spec.symbol_in(recipe.source), recipe.contract)
         members[f"kernels/{spec.name}.cpp"] = recipe.source.encode()
         members[f"kernels/{spec.name}.so"] = source.with_suffix(".so").read_bytes()
         return {**entry, "source": f"kernels/{spec.name}.cpp",

@@ -97,7 +97,7 @@ def render_attention(spec: KernelSpec) -> str:
         dot_args, p_dtype = ', input_precision="ieee"', "tl.float32"
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"),
-                           name=spec.name, dtype=TRITON_DTYPES[dtype], p_dtype=p_dtype,
+                           name=spec.symbol, dtype=TRITON_DTYPES[dtype], p_dtype=p_dtype,
                            operand_cast=operand_cast, dot_args=dot_args)
 
 

@@ -545,7 +545,7 @@ def per_row(t: Term, spec: KernelSpec) -> bool:
 def kernel_header(spec: KernelSpec, target: str, comment: str) -> list[str]:
     """The lines a template puts first: what the kernel is and, in C++, the 16-bit
     bf16 conversions where it reads, writes or rounds to bf16 (CPP_BF16)."""
-    lines = [f"{comment} rewritec kernel {spec.name}",
+    lines = [f"{comment} rewritec kernel {spec.symbol}",
              f"{comment} rule: {spec.rule} @ {spec.location}",
              f"{comment} template: {template_shown(spec, target)}",
              f"{comment} replaces {spec.replaced_ops} ATen op(s)"]

@@ -120,7 +120,7 @@ def render_matmul(spec: KernelSpec, table: OpTable) -> str:
         operand_cast, dot_args = ".to(tl.float32)", ', input_precision="ieee"'
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"),
-                           name=spec.name, params=params, loads=loads, stmts=stmts,
+                           name=spec.symbol, params=params, loads=loads, stmts=stmts,
                            result=names[spec.root], out_dtype=TRITON_DTYPES[spec.out_dtype],
                            a_ptr=f"{spec.inputs[meta['a']].name}_ptr",
                            b_ptr=f"{spec.inputs[meta['b']].name}_ptr", dot_args=dot_args,

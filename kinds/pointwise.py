@@ -122,7 +122,7 @@ def render_elementwise_triton(spec: KernelSpec, table: OpTable, loads: list[str]
     stores = [triton_store(spec, o, v, "offs", "mask")
               for o, v in zip(spec.outputs, values, strict=True)]
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
-                           header=kernel_header(spec, "triton", "#"), name=spec.name,
+                           header=kernel_header(spec, "triton", "#"), name=spec.symbol,
                            params=triton_params(spec, "n_elements"), loads=loads,
                            stmts=stmts, stores=stores, **extra)
 
@@ -170,7 +170,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
     stores = [{"ptr": f"{o.name}_ptr", "value": cpp_write(o.dtype, names[t])}
               for o, t in zip(spec.outputs, spec.written, strict=True)]
     return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
-                           header=kernel_header(spec, "openmp", "//"), name=spec.name,
+                           header=kernel_header(spec, "openmp", "//"), name=spec.symbol,
                            params=cpp_params(spec, "n_elements"), body=lines + compute,
                            stores=stores, rows=bool(row_lines), row_body=row_lines,
                            unit_stride=unit_stride, unit_body=contiguous + compute,
@@ -185,7 +185,7 @@ def _render_cpp_indexed(spec: KernelSpec, table: OpTable, simd_decls: tuple[str,
     stores = [{"ptr": f"{o.name}_ptr", "value": cpp_write(o.dtype, v)}
               for o, v in zip(spec.outputs, parts.outputs, strict=True)]
     return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
-                           header=kernel_header(spec, "openmp", "//"), name=spec.name,
+                           header=kernel_header(spec, "openmp", "//"), name=spec.symbol,
                            params=cpp_params(spec, "n_elements"), body=parts.body,
                            stores=stores, rows=True, row_body=parts.row_body,
                            unit_stride=parts.unit_stride, unit_body=parts.unit_body,

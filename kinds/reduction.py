@@ -246,7 +246,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
               "mask=mask_o)" for o, t in zip(spec.outputs, spec.written, strict=True)]
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"),
-                           name=spec.name, params=params, init=init, loads=loads, stmts=stmts,
+                           name=spec.symbol, params=params, init=init, loads=loads, stmts=stmts,
                            update=update, finish=finish, partial=partial, means=means,
                            combine_init=combine, combine_loads=combine_loads,
                            combine_finish=combine_finish, epilogue=epilogue, stores=stores,
@@ -295,7 +295,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
     return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
                            header=kernel_header(spec, "openmp", "//"),
-                           name=spec.name, params=params, body=body + update,
+                           name=spec.symbol, params=params, body=body + update,
                            declare=each("declare"), thread_init=each("thread_init"),
                            chunk_init=each("chunk_init"), chunk_end=each("chunk_end"),
                            thread_end=each("thread_end"), single_end=each("single_end"),

@@ -139,7 +139,7 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
               triton_store(spec, o, names[t], "row * n_cols + cols", "mask")
               for o, t in zip(spec.outputs, spec.written, strict=True)]
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
-                           header=kernel_header(spec, "triton", "#"), name=spec.name,
+                           header=kernel_header(spec, "triton", "#"), name=spec.symbol,
                            params=triton_params(spec, row_width_param(spec)), loads=loads,
                            stmts=stmts, stores=stores)
 
@@ -300,7 +300,7 @@ class _CppRow:
                        for o, t in written if t in finals]
         return render_template(f"openmp/{spec.template}.cpp.j2", spec.template_dirs,
                                header=kernel_header(spec, "openmp", "//"),
-                               name=spec.name, params=cpp_params(spec, "n_rows"),
+                               name=spec.symbol, params=cpp_params(spec, "n_rows"),
                                row_steps=steps, chunk=PAIRWISE_CHUNK, elem_body=out_lines,
                                row_stores=row_stores, elem_stores=elem_stores,
                                simd_decls=simd_decls)

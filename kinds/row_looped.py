@@ -279,7 +279,7 @@ def render_row_looped(spec: KernelSpec, table: OpTable | None = None) -> str:
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"),
                            welford=any(p.get("welford") for p in passes),
-                           name=spec.name, params=params, row_lines=row_lines, passes=passes,
+                           name=spec.symbol, params=params, row_lines=row_lines, passes=passes,
                            elem_body=elem_body,
                            row_stores=[o for o in stores if o["per_row"]], elem_stores=last)
 

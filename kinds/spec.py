@@ -8,6 +8,8 @@ runtime/launch.py and what they use.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -71,6 +73,21 @@ class KernelSpec:
     tuning: str | None = None
     # the `templates/` folder of the user's rule file, searched before the package's
     template_dir: str | None = None
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's function name in its source: its name less the `k<index>_`
+        that numbers it in its graph. Two groups that compute the same thing render
+        the same source, so they compile once (the kernel cache and Triton key by
+        source) and share one binary, in one graph or across graphs."""
+        head, _, rest = self.name.partition("_")
+        return rest if rest and head[:1] == "k" and head[1:].isdigit() else self.name
+
+    def symbol_in(self, source: str) -> str:
+        """The name `source` defines the kernel by: `symbol` (what the package's kinds
+        render), or `name` for a user's kind that renders `name=spec.name`."""
+        defined = re.search(rf"\b{re.escape(self.symbol)}\s*\(", source)
+        return self.symbol if defined else self.name
 
     @property
     def template_dirs(self) -> tuple[str, ...]:

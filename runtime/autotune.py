@@ -240,9 +240,9 @@ class TunedKernel:
 
 
 def tuned(kernel: Any, spec: KernelSpec, source: str) -> Any:
-    """`kernel` (the spec's main kernel, symbol `spec.name`) wrapped to launch its
+    """`kernel` (the spec's main kernel, symbol `spec.symbol`) wrapped to launch its
     calls' winners; as it is where the spec's kind is not tuned."""
-    return kernel if spec.tuning is None else TunedKernel(kernel, spec, source, spec.name)
+    return kernel if spec.tuning is None else TunedKernel(kernel, spec, source, spec.symbol)
 
 
 def _call(args: tuple[Any, ...], kwargs: dict[str, Any], stored: bool = False

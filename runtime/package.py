@@ -67,7 +67,7 @@ from .recipe import LAUNCHERS
 from .triton_direct import DirectKernel
 
 FORMAT = "rewritec-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # What a member may be called; nothing else is loaded (a pickle least of all).
 MEMBER = re.compile(r"^(manifest\.json|program\.json|exported\.txt|wrapper\.py|"
                     r"kernels/[A-Za-z][A-Za-z0-9_]*\.(cpp|so|py|[0-9]+\.cubin)|"
@@ -375,18 +375,25 @@ def _kernels(entries: list[dict[str, Any]], members: dict[str, bytes],
                                    f"{entry.get('launcher')!r} for target {target!r}")
             fallback = _fallback(entry.get("aten"), tensors, where, spec.name)
             if target == "openmp":
-                fn = _library(Path(tmp), spec.name, members[entry["binary"]], where)
+                fn = _library(Path(tmp), spec.name, _symbol(spec, entry, members),
+                              members[entry["binary"]], where)
                 kernels[spec.name] = cls(spec, fn, fallback)
             else:
                 kernels[spec.name] = _triton(cls, spec, entry, members, fallback, where)
     return kernels
 
 
-def _library(tmp: Path, name: str, data: bytes, where: str) -> Any:
+def _symbol(spec: KernelSpec, entry: dict[str, Any], members: dict[str, bytes]) -> str:
+    """The name the kernel's stored source defines it by (kinds/spec.py: symbol_in)."""
+    source = members.get(str(entry.get("source")), b"")
+    return spec.symbol_in(source.decode(errors="replace"))
+
+
+def _library(tmp: Path, name: str, symbol: str, data: bytes, where: str) -> Any:
     lib = tmp / f"{name}.so"
     lib.write_bytes(data)
     try:
-        return getattr(ctypes.CDLL(str(lib)), name)
+        return getattr(ctypes.CDLL(str(lib)), symbol)
     except (OSError, AttributeError) as e:
         raise PackageError(f"{where}: kernel {name} does not load: {e}") from None
 
@@ -419,9 +426,10 @@ def _triton(cls: Any, spec: KernelSpec, entry: dict[str, Any], members: dict[str
 
     spec = replace(spec, autotune=False)  # the binaries are the configurations it chose
     if cls.__name__ == "ReductionTritonLauncher":
-        launcher = cls(spec, kernel(spec.name), kernel(f"{spec.name}_combine"), fallback)
+        symbol = _symbol(spec, entry, members)
+        launcher = cls(spec, kernel(symbol), kernel(f"{symbol}_combine"), fallback)
     else:
-        launcher = cls(spec, kernel(spec.name), fallback)
+        launcher = cls(spec, kernel(_symbol(spec, entry, members)), fallback)
     if _EMPTY_STRIDED_CUDA is not None:
         launcher.plans = {}  # launch plans, as for a graph's compiled kernels (launch.py)
     return launcher  # type: ignore[no-any-return]

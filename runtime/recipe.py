@@ -10,6 +10,7 @@ runtime/reduction_launch.py define them, `LAUNCHERS` lists them by name.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +47,14 @@ class KernelRecipe:
         """The launcher. `lazy` (a recipe that built before, in the graph cache)
         imports the Triton module only when a launch needs Triton's JIT."""
         cls: Any = _launcher_type(self.launcher)
+        symbol = spec.symbol_in(self.source)
         if self.target == "triton":
             path = triton_module(self.source)
-            fn = _direct(self.source, path, spec.name, lazy, self.contract)
+            fn = _direct(self.source, path, symbol, lazy, self.contract)
             if spec.autotune:  # mode max-autotune: the main kernel's config is timed
                 fn = tuned(fn, spec, self.source)
             if self.launcher == "ReductionTritonLauncher":
-                combine = _direct(self.source, path, f"{spec.name}_combine", lazy,
+                combine = _direct(self.source, path, f"{symbol}_combine", lazy,
                                   self.contract)
                 launcher = cls(spec, fn, combine, fallback)
             else:
@@ -60,7 +62,7 @@ class KernelRecipe:
             if fn.binaries is not None and launch._EMPTY_STRIDED_CUDA is not None:
                 launcher.plans = {}  # compiled kernels on a GPU: see Launcher._learn
         else:
-            fn, path = build_cpp(self.source, spec.name, self.contract)
+            fn, path = build_cpp(self.source, symbol, self.contract)
             launcher = cls(spec, fn, fallback)
         launcher.recipe = self
         return launcher, path
@@ -73,6 +75,24 @@ def _direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
     or compiled by the compile worker where one is (static_launch.py, ahead.py).
     While the worker runs, the kernel is imported (and Triton with it) only if a
     launch needs the JIT after all."""
+    key = (str(path), symbol, lazy, contract)
+    shared = _SHARED.get(key)
+    if shared is not None:
+        return shared
+    kernel = _new_direct(source, path, symbol, lazy, contract)
+    _SHARED[key] = kernel
+    return kernel
+
+
+# The DirectKernels of this process by module file, symbol and options: groups that
+# compute the same thing (the same source) launch one kernel object, so its binary is
+# compiled, found and learned once. Weak: a kernel goes with the last graph using it.
+_SHARED: weakref.WeakValueDictionary[tuple[str, str, bool, bool], DirectKernel] = \
+    weakref.WeakValueDictionary()
+
+
+def _new_direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
+                ) -> DirectKernel:
     binaries = None
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and static_launch.available():
         binaries = static_launch.Binaries(source, symbol)

@@ -574,7 +574,7 @@ def test_every_templates_predicted_launch_compiles_in_the_worker(worker, monkeyp
         rewritec.compile(fn, target="triton", strict=True)(*make())
     failed = {symbol: job.error for symbol, job in sent if job.wait(300) is None}
     assert not failed
-    kinds = {symbol.split("_", 1)[1].rsplit("_", 1)[0] for symbol, _ in sent}
+    kinds = {symbol.rsplit("_", 1)[0] for symbol, _ in sent if not symbol.endswith("combine")}
     assert {"fuse_pointwise", "fuse_row", "fuse_reduction", "fuse_matmul",
             "fuse_attention"} <= kinds, kinds
 

@@ -178,6 +178,32 @@ def test_kernel_source_names_rule_and_template(tmp_path) -> None:
     assert kernel["replaced_ops"] >= 5
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_groups_computing_the_same_thing_share_one_kernel(tmp_path, target: str) -> None:
+    """Two groups of one graph that compute the same thing (a layer repeated) render
+    one source, less the number naming each in its graph, so the kernel compiles once
+    (the C++ library is the same file) and Triton's launches share one kernel object."""
+    from rewritec.runtime.recipe import _SHARED
+
+    def twice(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(x * y + 1.0) - torch.sigmoid(x) * 0.5
+        b = a @ w
+        return torch.relu(b * y + 1.0) - torch.sigmoid(b) * 0.5
+
+    torch._dynamo.reset()
+    report.reset()
+    args = (torch.randn(6, 8), torch.randn(8, 8), torch.randn(8))
+    compiled = rewritec.compile(twice, target=target, strict=True, out_dir=str(tmp_path))
+    torch.testing.assert_close(compiled(*args), twice(*args))
+    kernels = [k for r in report.RECORDS for k in r.kernels]
+    assert len(kernels) == 2 and kernels[0]["name"] != kernels[1]["name"]
+    sources = [open(k["source"]).read() for k in kernels]
+    assert sources[0] == sources[1]
+    if target == "triton":
+        symbol = kernels[0]["name"].split("_", 1)[1]
+        assert sum(key[1] == symbol for key in list(_SHARED.keys())) == 1
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_triton_sizes_are_constants_only_for_static_shapes(tmp_path, dynamic: bool) -> None:
