@@ -402,6 +402,14 @@ class Builder:
             return self.store.const(value)
         if isinstance(node, S.Lit):
             return self.store.const(node.value)
+        if self._is_number(node, env):
+            # arithmetic on numbers alone (`rm * (1.0 - mo)`, mo bound to an attribute)
+            # and attribute functions (`s / channel_count(x)`): computed here, as an
+            # attribute value is, since no op takes two numbers
+            value = self.attr(node, env)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise TypeError(f"`{S.show(node)}` is {value!r}, not a number")
+            return self.store.const(value)
         name, args, kwargs = op_name(node, self.table)
         if name == "getitem":
             return self.store.make("getitem", (self.term(args[0], env),),
@@ -410,6 +418,24 @@ class Builder:
         given = {k: self.attr(v, env) for k, v in kwargs}
         attrs = tuple((k, freeze(given.get(k, v))) for k, v in info.attrs.items())
         return self.store.make(name, [self.term(a, env) for a in args], attrs)
+
+    def _is_number(self, node: S.Node, env: Env) -> bool:
+        """`node` is a number to compute: arithmetic on literals, variables bound to
+        numbers and attribute functions (not ops of the table: `neg` is both)."""
+        if isinstance(node, S.BinOp):
+            return self._is_number(node.left, env) and self._is_number(node.right, env)
+        if isinstance(node, S.Neg):
+            return self._is_number(node.operand, env)
+        if isinstance(node, S.Call):
+            return node.func in self.attr_funcs and node.func not in self.table
+        if isinstance(node, S.Lit):
+            return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+        if isinstance(node, S.Var):
+            value = env.get(node.name)
+            if isinstance(value, Term) and value.op == "const":
+                value = value.value
+            return isinstance(value, int | float) and not isinstance(value, bool)
+        return False
 
     def attr(self, node: S.Node, env: Env) -> Any:
         """Evaluate an attribute expression: literals, bound values, lists, small math."""

@@ -18,6 +18,7 @@ YAML with the safe loader and parses expressions with the lark grammar.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -69,7 +70,20 @@ ATTR_FUNCS: dict[str, Any] = {
     "channel_view": lambda t: (-1,) + (1,) * (t.meta.rank - 1),
     # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t
     "channel_bcast": lambda t: (-1,) + (1,) * (t.meta.rank - 2),
+    # every dim of an activation like t but dim 1: what batch norm's statistics reduce over
+    "channel_reduce_dims": lambda t: (0, *range(2, t.meta.rank)),
+    # how many values each channel (dim 1) of an activation like t holds: numel / size(1)
+    "channel_count": lambda t: _channel_count(t),
 }
+
+
+def _channel_count(t: Any) -> int:
+    """numel(t) / t.shape[1], for known sizes only: a symbolic one raises, so a
+    replacement that needs the count is refused and the op stays as it was."""
+    shape = t.meta.shape
+    if len(shape) < 2 or not all(isinstance(s, int) for s in shape) or shape[1] == 0:
+        raise TypeError("channel_count: the sizes are not known")
+    return math.prod(shape) // shape[1]
 
 
 def _unsqueezed(shape: tuple[Any, ...], d: int) -> tuple[Any, ...]:
@@ -343,6 +357,11 @@ class RuleLoader:
             return
         if isinstance(node, S.Seq):
             raise compiler.error("a list is only allowed as an attribute value", node)
+        if replace and isinstance(node, S.Call) and node.func in ATTR_FUNCS \
+                and node.func not in self.table:
+            # a number computed as an attribute value is (`s / channel_count(x)`)
+            self._check_attr_expr(node, compiler)
+            return
         try:
             name, args, kwargs = op_name(node, self.table)
         except RuleError as e:

@@ -83,16 +83,12 @@ def decomposition_table(keep: tuple[str, ...] = (), training: bool = False) -> d
     # one index at a time per destination row, so an embedding of few rows read
     # many times (T5's relative position buckets) took longer than the rest of the
     # training step; ATen's own backward sorts the indices and sums by segment.
-    # batch_norm's backward likewise: core ATen's decomposition is ten-odd calls per
-    # batch norm (per-channel sums, [C]-vector products, three broadcasts), and the
-    # fuse rules cannot yet join its reductions with the pointwise work they share,
-    # so each was a launch; on an H100, ResNet-50's training step went from 1296
-    # launches and 31.2 ms to 910 and 24.8 ms kept whole (MobileNetV3 38.7 -> 27.0).
-    # (layer_norm's and softmax's backward are op-table ops: popped above, and
-    # rules/decompose/norms.yaml writes them out.)
+    # (layer_norm's, softmax's and batch_norm's backward are op-table ops: popped
+    # above, so core ATen's decomposition, ten-odd calls per batch norm, never runs,
+    # and rules/decompose/norms.yaml writes them out as reductions the fuse rules
+    # join with the pointwise work around them.)
     for whole in (torch.ops.aten.convolution_backward.default,
-                  torch.ops.aten.embedding_dense_backward.default,
-                  torch.ops.aten.native_batch_norm_backward.default):
+                  torch.ops.aten.embedding_dense_backward.default):
         table.pop(whole, None)
     # Core ATen rewrites the CPU flash-attention op into the math attention, whose
     # second output is the attention weights; the op's backward reads that output as
