@@ -572,6 +572,8 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
     every run."""
     members = {root}
     writes = getattr(space, "side_outputs", False)
+    user_inputs = getattr(space, "user_inputs", False)
+    admits = getattr(space, "admits", None)  # a check of one more member, if any
     stops_at = getattr(space, "stops_at", None)
     top = places.rank(root)  # the highest rank among the members
     exits = False  # has a member other than the root a user outside the group?
@@ -590,10 +592,12 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
             # more output and no more inputs, so only its own users can close a cycle.
             # Not reductions: one would fix a row kernel's layout from the side (a
             # column sum read as rows), where its own kernel would choose better
+            # A space with `user_inputs` takes users reading other values too (a
+            # running mean's update), where none of those depends on the group
+            own = all(a in members or a.op == "const" for a in t.args)
             return t.op not in ROW_REDUCTIONS \
-                and all(a in members or a.op == "const" for a in t.args) \
-                and space.can_output(t) \
-                and places.may_join(t, members, max(top, places.rank(t)), False)
+                and (own or user_inputs) and space.can_output(t) \
+                and places.may_join(t, members, max(top, places.rank(t)), not own)
         shared = _used_outside(t, members, places, outputs)
         if shared and not (writes and space.can_output(t)):
             if watch is not None:
@@ -625,6 +629,8 @@ def _grow(rule: Rule, root: Term, space: Any, table: OpTable, places: Order,
                     if watch is not None and not user:
                         watch.refuse(root, t, f"not in the {rule.kernel} space "
                                               f"({t.meta.short()})")
+                    continue
+                if admits is not None and not admits(t, members):
                     continue
                 members.add(t)
                 top = max(top, places.rank(t))

@@ -358,12 +358,17 @@ class ReductionSpace:
     members are I-shaped values (the prologue, computed per reduced element),
     reductions over the same dims of I-shaped values, and O-shaped values (the
     epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
-    is refused: the two phases could not be told apart by shape. No side outputs
-    as it grows: the prologue's values exist only inside the reduction's (possibly
-    split) loop. Groups of one `siblings` key (the same I, dims and O) may merge
-    once formed (engine/fuse.py: `_merge_siblings`): one kernel, several outputs."""
+    is refused: the two phases could not be told apart by shape. Side outputs are
+    O-shaped values (a reduction's result or an epilogue value something else reads
+    too: batch norm's mean, also read by the running mean's update); the prologue's
+    values exist only inside the reduction's (possibly split) loop. O-shaped users
+    may bring inputs of their own (`user_inputs`: the running mean, a weight), so
+    per-channel work on the results runs in the kernel. Groups of one `siblings` key
+    (the same I, dims and O) may merge once formed (engine/fuse.py:
+    `_merge_siblings`): one kernel, several outputs."""
 
-    side_outputs = False
+    side_outputs = True
+    user_inputs = True
 
     def __init__(self, root: Term) -> None:
         self.out_shape = tuple(root.meta.shape)
@@ -383,6 +388,19 @@ class ReductionSpace:
                 self.signature, self.in_shape = signature, signature[0]
             return signature == self.signature
         return shape == self.out_shape or shape == self.in_shape
+
+    def can_output(self, t: Term) -> bool:
+        return t.meta.kind == "tensor" and t.meta.dtype in FLOATS \
+            and tuple(t.meta.shape) == self.out_shape
+
+    def admits(self, t: Term, members: set[Term]) -> bool:
+        """`accepts`, for one more member: a prologue value reads no reduced one, and
+        no prologue member reads `t` if it is reduced (`x * sum(x)` takes two passes)."""
+        if self.in_shape is None:
+            return True
+        if tuple(t.meta.shape) == self.in_shape:
+            return all(tuple(a.meta.shape) == self.in_shape for a in t.args if a in members)
+        return not any(t in m.args for m in members if tuple(m.meta.shape) == self.in_shape)
 
     def siblings(self) -> tuple[Any, ...] | None:
         """What groups that may merge share: the signature and the output shape."""

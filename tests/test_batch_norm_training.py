@@ -223,15 +223,12 @@ def test_eval_after_training(target: str) -> None:
     mine.eval()
     report.reset()
     x = torch.randn(2, 8, 6, 6, device=DEVICE)
-    tf32 = torch.backends.cudnn.allow_tf32
     # an inference graph's convolutions may run NHWC (passes/layout.py), whose TF32
-    # algorithms round apart from NCHW's
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), ref(x))
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
+    # algorithms round apart from NCHW's (the context manager: another test may have
+    # frozen the global flags)
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled,
+                                    allow_tf32=False), torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref(x))
     assert _fired()["batch-norm-eval"] == 2
     assert "_native_batch_norm_legit_no_training" not in _outside()
 
