@@ -46,7 +46,7 @@ from .kinds.kernels import compilable
 from .kinds.registry import SPACES
 from .kinds.variants import variants_for
 from .options import Options
-from .rulesets import op_table_for, ruleset_for
+from .rulesets import for_launches, op_table_for, ruleset_for
 from .aten.fold import FrozenGuard, is_frozen, make_folder
 from .aten.input_writes import split_input_writes, write_back
 from .engine.ops import default_op_table
@@ -485,7 +485,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
         if opts.explain:
             explanation = Explanation(opts.explain)
             report.EXPLANATIONS.append((name, explanation))
-        result = run_pipeline(graph, conv.store, ruleset_for(opts), table=bridge.table,
+        rules = for_launches(ruleset_for(opts), target, opts)
+        result = run_pipeline(graph, conv.store, rules, table=bridge.table,
                               debug=opts.debug, explain=explanation,
                               log=lambda line: _log.info("%s: %s", name, line),
                               folder=make_folder(conv.store, bridge, parts["steps"]),

@@ -50,6 +50,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
           f"tried on {watched.roots_seen} `{rule.root}` term(s)")
     if not rule.fp_exact:
         print("  note: fp_exact is false, so it only runs with --fast-math")
+    if rule.more_launches:
+        print("  note: more_launches is true, so on a GPU it only runs where graphs replay "
+              "as CUDA graphs (mode reduce-overhead)")
     if watched.roots_seen == 0:
         print(f"  no graph has a `{rule.root}` term; ops present: "
               f"{', '.join(sorted(watched.ops))}")

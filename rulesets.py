@@ -206,6 +206,15 @@ def ruleset_for(opts: Options, verify: bool = True) -> list[Rule]:
     return [r for r in rules if r.fp_exact or opts.fast_math]
 
 
+def for_launches(rules: list[Rule], target: str, opts: Options) -> list[Rule]:
+    """`rules` less those marked `more_launches` where each launch costs host time:
+    Triton kernels not replayed as CUDA graphs (mode default). Replayed, a launch
+    costs nothing on the host; on the OpenMP target a kernel is a C call."""
+    if target != "triton" or opts.cudagraphs == "on":
+        return rules
+    return [r for r in rules if not r.more_launches]
+
+
 def find_rule(name: str, opts: Options) -> Rule:
     for r in ruleset_for(opts):
         if r.name == name:

@@ -9,6 +9,7 @@
         where: [is_float(x)]          # optional guards
         priority: 0                   # optional: higher is tried first
         fp_exact: true                # optional: false if only exact over the reals
+        more_launches: false          # optional: true if it launches more than it replaces
         examples: [{x: f32[4, 8]}]    # inputs on which it must fire
         no_match: [{x: i64[4]}]       # inputs on which it must not
 
@@ -46,7 +47,8 @@ FUSE_GUARD_NAMES = ("root", "ops", "reductions", "matmuls", "outputs")
 # nothing can quote, call, or climb out of a folder.
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RULE_KEYS = {"name", "doc", "kind", "pattern", "replace", "where", "priority", "examples",
-             "no_match", "fp_exact", "overrides", "kernel", "grow", "siblings"}
+             "no_match", "fp_exact", "overrides", "kernel", "grow", "siblings",
+             "more_launches"}
 FILE_KEYS = {"rules", "kind", "doc", "ops"}
 # Functions a replacement may use to compute attribute values.
 ATTR_FUNCS: dict[str, Any] = {
@@ -114,6 +116,9 @@ class Rule:
     # fuse rules: groups that reduce alike and read a common input merge into one
     # kernel (engine/fuse.py: `_merge_siblings`), each one more output
     siblings: bool = False
+    # the replacement launches more kernels than the library call it replaces: used
+    # where a launch costs no host time per call (rulesets.py: `for_launches`)
+    more_launches: bool = False
     # the `templates/` folder beside a user's rule file, searched before the package's
     template_dir: str | None = None
 
@@ -318,13 +323,16 @@ class RuleLoader:
         if not isinstance(siblings, bool) or (siblings and kind != "fuse"):
             raise RuleError("`siblings:` is true or false, on fuse rules only",
                             at("siblings"))
+        more_launches = entry.get("more_launches", False)
+        if not isinstance(more_launches, bool):
+            raise RuleError("`more_launches:` is true or false", at("more_launches"))
         return Rule(
             name=name, doc=doc.strip(), kind=kind, pattern=pattern, pattern_src=src,
             replace=replace_ast, replace_src=replace_src, guards=tuple(guards), where=where,
             priority=priority, fp_exact=bool(entry.get("fp_exact", True)),
             overrides=bool(entry.get("overrides", False)), kernel=kernel,
             examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
-            grow=tuple(grow), siblings=siblings,
+            grow=tuple(grow), siblings=siblings, more_launches=more_launches,
             template_dir=str(template_dir) if template_dir else None,
         )
 

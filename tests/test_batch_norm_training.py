@@ -81,10 +81,16 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str,
                                msg=lambda m: f"{what}: {m}")
 
 
+def _options(target: str, mode: str = "reduce-overhead") -> dict[str, object]:
+    """The rules are `more_launches` ones: on the Triton target they apply where graphs
+    replay as CUDA graphs (rulesets.py: for_launches), as a user's mode asks."""
+    return {"target": target, "strict": True, "mode": mode}
+
+
 def _train(make: Callable[[], torch.nn.Module], shape: tuple[int, ...], target: str,
            dtype: torch.dtype = torch.float32, channels_last: bool = False,
-           autocast: bool = False, steps: int = 2) -> tuple[torch.nn.Module, torch.nn.Module,
-                                                            Callable[..., torch.Tensor]]:
+           autocast: bool = False, steps: int = 2, mode: str = "reduce-overhead"
+           ) -> tuple[torch.nn.Module, torch.nn.Module, Callable[..., torch.Tensor]]:
     """`steps` training steps of a model and of its compiled copy on the same inputs,
     compared; returns both models (their running statistics updated) and the compiled
     one."""
@@ -93,7 +99,7 @@ def _train(make: Callable[[], torch.nn.Module], shape: tuple[int, ...], target: 
     if not autocast:
         ref.to(dtype)
     mine = copy.deepcopy(ref)
-    compiled = torch.compile(mine, backend="rewritec", options={"target": target, "strict": True})
+    compiled = torch.compile(mine, backend="rewritec", options=_options(target, mode))
     tol = 2e-2 if dtype != torch.float32 or autocast else 1e-5
     if autocast and target == "triton":
         # eager's own bf16 gradients are 1-3% from f32 ones at these sizes, mostly from
@@ -107,8 +113,12 @@ def _train(make: Callable[[], torch.nn.Module], shape: tuple[int, ...], target: 
         if channels_last:
             x = x.to(memory_format=torch.channels_last)
         cot = torch.randn(shape, device=DEVICE)
-        want, ref_grads = _step(ref, ref, x, cot, autocast)
-        got, my_grads = _step(mine, compiled, x, cot, autocast)
+        # replayed training graphs run convolutions NHWC (passes/layout.py), whose TF32
+        # algorithms round apart from NCHW's: f32 compares f32
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled,
+                                        allow_tf32=False):
+            want, ref_grads = _step(ref, ref, x, cot, autocast)
+            got, my_grads = _step(mine, compiled, x, cot, autocast)
         _close(got, want, tol, f"step {i} output", autocast)
         for k, (g, w) in enumerate(zip(my_grads, ref_grads, strict=True)):
             _close(g, w, tol, f"step {i} gradient {k}", autocast)
@@ -252,7 +262,7 @@ def test_symbolic_batch_size() -> None:
                               torch.nn.ReLU()).to(DEVICE)
     mine = copy.deepcopy(ref)
     compiled = torch.compile(mine, backend="rewritec", dynamic=True,
-                             options={"target": target, "strict": True})
+                             options=_options(target))
     for n in (3, 5):
         x = torch.randn(n, 3, 7, 6, device=DEVICE)
         cot = torch.randn(n, 4, 5, 4, device=DEVICE)
@@ -287,3 +297,28 @@ def test_a_replacement_computes_its_numbers() -> None:
     scaled, divided = root.args
     assert (scaled.op, scaled.args[1].op, scaled.args[1].value) == ("mul", "const", 0.75)
     assert (divided.op, divided.args[1].op, divided.args[1].value) == ("div", "const", 8)
+
+
+@pytest.mark.skipif("triton" not in TARGETS, reason="no Triton target here")
+def test_default_mode_on_triton_keeps_aten_batch_norm() -> None:
+    """In default mode each Triton launch costs host time, and the written-out batch
+    norm launches more kernels than ATen's one call: the rules (more_launches) do not
+    apply, batch norm runs as ATen, forward and backward, and the step is eager's."""
+    torch._dynamo.reset()
+    report.reset()
+    _train(_bn(torch.nn.BatchNorm2d, 3), (4, 3, 5, 5), "triton", mode="default")
+    assert not any(name.startswith("batch-norm") for name in _fired())
+    assert BATCH_NORM_OPS & set(_outside())
+
+
+def test_more_launches_is_a_flag(tmp_path) -> None:
+    """`more_launches:` takes true or false; anything else names the file and line."""
+    from rewritec.engine.errors import RuleErrors
+    from rewritec.rulesets import load_rule_files
+
+    path = tmp_path / "r.yaml"
+    path.write_text("kind: decompose\nrules:\n  - name: r\n    doc: relu\n"
+                    "    pattern: relu(x)\n    replace: relu(x)\n    more_launches: 2\n"
+                    "    examples: [{x: 4xf32}]\n")
+    with pytest.raises(RuleErrors, match=r"r\.yaml:7.*more_launches"):
+        load_rule_files([path])
