@@ -51,8 +51,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not rule.fp_exact:
         print("  note: fp_exact is false, so it only runs with --fast-math")
     if rule.more_launches:
-        print("  note: more_launches is true, so on a GPU it only runs where graphs replay "
-              "as CUDA graphs (mode reduce-overhead)")
+        print("  note: more_launches is true, so it only runs where graphs replay as "
+              "CUDA graphs (mode reduce-overhead on a GPU)")
     if watched.roots_seen == 0:
         print(f"  no graph has a `{rule.root}` term; ops present: "
               f"{', '.join(sorted(watched.ops))}")

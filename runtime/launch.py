@@ -293,8 +293,19 @@ class CppLauncher(Launcher):
         fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
         fn.restype = None
         self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
+        self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
+
+    def check_dtypes(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """A C++ kernel reads each input as the dtype it was compiled for, whatever the
+        tensor holds; where a tensor is not of it (a fake tensor's dtype that the real
+        op does not give: the running statistics of a bf16 batch norm on the CPU),
+        this call runs through ATen (NoLaunch)."""
+        for x, want in zip(inputs, self.in_dtypes, strict=True):
+            if x.dtype != want:
+                raise NoLaunch(f"an input is {x.dtype}, the kernel reads {want}")
 
     def launch(self, *inputs: torch.Tensor) -> Result:
+        self.check_dtypes(inputs)
         g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
         if g.numel:
             self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs],
@@ -311,8 +322,19 @@ class TritonLauncher(Launcher):
                  fallback: Callable[..., Result]) -> None:
         super().__init__(spec, kernel, fallback)
         self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
+        self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
+
+    def check_dtypes(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """A C++ kernel reads each input as the dtype it was compiled for, whatever the
+        tensor holds; where a tensor is not of it (a fake tensor's dtype that the real
+        op does not give: the running statistics of a bf16 batch norm on the CPU),
+        this call runs through ATen (NoLaunch)."""
+        for x, want in zip(inputs, self.in_dtypes, strict=True):
+            if x.dtype != want:
+                raise NoLaunch(f"an input is {x.dtype}, the kernel reads {want}")
 
     def launch(self, *inputs: torch.Tensor) -> Result:
+        self.check_dtypes(inputs)
         g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
         if g.numel:
             self._run(g, outs, tensors)

@@ -39,8 +39,10 @@ class ReductionCppLauncher(CppLauncher):
             + [ctypes.c_int64] * n_int
         fn.restype = None
         self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
+        self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
 
     def launch(self, *inputs: torch.Tensor) -> Result:
+        self.check_dtypes(inputs)
         space, outs, tensors, strides, n_out, n_red, _ = _prepare_reduction(
             self.spec, inputs, self.out_dtypes)
         if outs[0].numel() == 0:

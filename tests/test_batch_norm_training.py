@@ -25,8 +25,9 @@ from rewritec.runtime.build import cxx
 CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if CUDA else "cpu"
-TARGETS = (["openmp"] if cxx() and not CUDA else []) + (["triton"] if CUDA or INTERPRETED
-                                                          else [])
+# Where the rules apply: Triton kernels replayed as CUDA graphs (more_launches); the
+# OpenMP target keeps ATen's batch norm (test_batch_norm_stays_aten_where_it_is_faster)
+TARGETS = ["triton"] if CUDA or INTERPRETED else []
 # the ATen ops batch norm runs as when no rule writes it out
 BATCH_NORM_OPS = {"_native_batch_norm_legit_functional", "_native_batch_norm_legit",
                   "native_batch_norm", "native_batch_norm_backward"}
@@ -81,15 +82,17 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str,
                                msg=lambda m: f"{what}: {m}")
 
 
-def _options(target: str, mode: str = "reduce-overhead") -> dict[str, object]:
+def _options(target: str, mode: str = "reduce-overhead", strict: bool = True
+             ) -> dict[str, object]:
     """The rules are `more_launches` ones: on the Triton target they apply where graphs
     replay as CUDA graphs (rulesets.py: for_launches), as a user's mode asks."""
-    return {"target": target, "strict": True, "mode": mode}
+    return {"target": target, "strict": strict, "mode": mode}
 
 
 def _train(make: Callable[[], torch.nn.Module], shape: tuple[int, ...], target: str,
            dtype: torch.dtype = torch.float32, channels_last: bool = False,
-           autocast: bool = False, steps: int = 2, mode: str = "reduce-overhead"
+           autocast: bool = False, steps: int = 2, mode: str = "reduce-overhead",
+           strict: bool = True
            ) -> tuple[torch.nn.Module, torch.nn.Module, Callable[..., torch.Tensor]]:
     """`steps` training steps of a model and of its compiled copy on the same inputs,
     compared; returns both models (their running statistics updated) and the compiled
@@ -99,7 +102,7 @@ def _train(make: Callable[[], torch.nn.Module], shape: tuple[int, ...], target: 
     if not autocast:
         ref.to(dtype)
     mine = copy.deepcopy(ref)
-    compiled = torch.compile(mine, backend="rewritec", options=_options(target, mode))
+    compiled = torch.compile(mine, backend="rewritec", options=_options(target, mode, strict))
     tol = 2e-2 if dtype != torch.float32 or autocast else 1e-5
     if autocast and target == "triton":
         # eager's own bf16 gradients are 1-3% from f32 ones at these sizes, mostly from
@@ -204,12 +207,6 @@ def test_batch_norm_half_in_kernels(dtype: torch.dtype, target: str) -> None:
         assert fired[rule] == 1, rule
 
 
-@pytest.mark.skipif("openmp" not in TARGETS, reason="needs a C++ compiler")
-def test_batch_norm_bf16_openmp() -> None:
-    _train(_bn(torch.nn.BatchNorm1d, 6), (10, 6, 3), "openmp", dtype=torch.bfloat16)
-    assert not BATCH_NORM_OPS & set(_outside())
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_resnet_block_under_autocast_then_eval(target: str) -> None:
     """bf16 convolution outputs into f32 batch norms, as CPU autocast leaves them;
@@ -299,14 +296,25 @@ def test_a_replacement_computes_its_numbers() -> None:
     assert (divided.op, divided.args[1].op, divided.args[1].value) == ("div", "const", 8)
 
 
-@pytest.mark.skipif("triton" not in TARGETS, reason="no Triton target here")
-def test_default_mode_on_triton_keeps_aten_batch_norm() -> None:
-    """In default mode each Triton launch costs host time, and the written-out batch
-    norm launches more kernels than ATen's one call: the rules (more_launches) do not
-    apply, batch norm runs as ATen, forward and backward, and the step is eager's."""
+STAYS = ([("triton", "default")] if CUDA or INTERPRETED else []) + \
+    ([("openmp", "default"), ("openmp", "reduce-overhead")] if cxx() and not CUDA else [])
+
+
+@pytest.mark.parametrize(("target", "mode"), STAYS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_batch_norm_stays_aten_where_it_is_faster(target: str, mode: str,
+                                                  dtype: torch.dtype) -> None:
+    """Triton in default mode (each launch costs host time) and the OpenMP target in
+    any mode (ATen's batch norm was faster there): the rules, `more_launches`, do not
+    apply; batch norm runs as ATen, forward and backward, and the steps are eager's.
+    In bf16 on the CPU, ATen's op returns bf16 running statistics where its fake
+    tensors say f32: the C++ kernel casting them must not read them as f32 (it did:
+    garbage running means), so that call runs through ATen (CppLauncher.check_dtypes;
+    not strict, which would raise)."""
     torch._dynamo.reset()
     report.reset()
-    _train(_bn(torch.nn.BatchNorm2d, 3), (4, 3, 5, 5), "triton", mode="default")
+    _train(_bn(torch.nn.BatchNorm2d, 3), (4, 3, 5, 5), target, dtype=dtype, mode=mode,
+           strict=False)
     assert not any(name.startswith("batch-norm") for name in _fired())
     assert BATCH_NORM_OPS & set(_outside())
 
