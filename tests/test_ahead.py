@@ -602,6 +602,13 @@ def test_a_graphs_kernels_wait_for_their_jobs_under_the_calls_they_are_launched_
         monkeypatch) -> None:
     """submit_graph: one job per predicted launch, filed on the kernel under the key its
     launch then looks it up by; kernels without binaries (no static launcher) get none."""
+    import weakref
+
+    from rewritec.runtime import recipe
+
+    # kernels of their own: one an earlier test made from the same source would launch
+    # through its remembered binary, and the launcher replay it as a plan
+    monkeypatch.setattr(recipe, "_SHARED", weakref.WeakValueDictionary())
     captured: list[tuple[Any, Any]] = []
     monkeypatch.setattr(ahead, "running", lambda: True)
     monkeypatch.setattr(ahead, "submit_graph", lambda g, ls: captured.append((g, ls)) or 0)
@@ -627,6 +634,10 @@ def test_a_graphs_kernels_wait_for_their_jobs_under_the_calls_they_are_launched_
     launched: list[Any] = []
     monkeypatch.setattr(DirectKernel, "launch", lambda self, grid, a, kw: launched.append(
         (self, call_key(a, kw))))
+    for launcher in launchers.values():
+        # the full path: on a GPU the first call may have launched a binary an earlier
+        # test stored, and learned a plan that launches it without the DirectKernel
+        launcher.plans = None
     compiled(*inputs)
     assert (kernels[0], next(iter(kernels[0].pending))) in launched
     assert not any(k.pending for k in kernels[1:])
