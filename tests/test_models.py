@@ -67,16 +67,17 @@ def test_cnn_train() -> None:
     check_module(SmallCNN().train(), [_randn(4, 3, 8, 8)], compile_strict)
 
 
-def test_batch_norm_backward_runs_in_kernels() -> None:
+def test_batch_norm_backward_stays_one_call_on_the_cpu() -> None:
     # native_batch_norm_backward is an op-table op (never core ATen's decomposition, ten-odd
-    # small calls per batch norm): rules/decompose/norms.yaml writes it as two sums and a
-    # pointwise kernel (tests/test_batch_norm_training.py); the step still matches eager
+    # small calls per batch norm). Its rules (rules/decompose/norms.yaml) are
+    # more_launches ones, applied only to Triton kernels replayed as CUDA graphs
+    # (tests/test_batch_norm_training.py): on the CPU it is one ATen call per batch norm
     start = len(report.RECORDS)
     check_module(SmallCNN().train(), [_randn(4, 3, 8, 8)], compile_strict)
     backward = [r for r in report.RECORDS[start:] if r.kind == "backward"]
-    assert backward and not any(r.fallback_ops.get("native_batch_norm_backward")
-                                for r in backward)
-    assert sum(r.rules_fired.get("batch-norm-backward-input", 0) for r in backward) == 2
+    assert backward and sum(r.fallback_ops.get("native_batch_norm_backward", 0)
+                            for r in backward) == 2
+    assert not any(r.rules_fired.get("batch-norm-backward-input") for r in backward)
     assert not any(r.fallback_ops.get("unsqueeze") for r in backward)
 
 
