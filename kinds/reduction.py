@@ -290,6 +290,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                 col_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = " + cpp_read(
                     inp.dtype, f"{inp.name}_ptr[{_unit_offset(spec, i)}]") + ";")
 
+    runs = _cpp_runs(spec, ctype)
+
     def each(phase: str) -> list[str]:
         return [line for a in accs for line in getattr(a, phase)()]
 
@@ -308,8 +310,43 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                            stores=[f"{o.name}_ptr[o] = {cpp_write(o.dtype, names[t])};"
                                    for o, t in zip(spec.outputs, spec.written, strict=True)],
                            columns=columns, col_body=col_loads + body[len(loads):] + update,
+                           runs=runs, run_body=(runs["loads"] + body[len(loads):] + update
+                                                if runs else []),
                            col_block=COLUMN_BLOCK, col_chunk=COLUMN_CHUNK,
                            simd_decls=simd_decls)
+
+
+# The shortest innermost reduced dim read in runs (`_cpp_runs`); shorter ones are read
+# element by element, each offset from the reduction index.
+RUN_MIN = 16
+
+
+def _cpp_runs(spec: KernelSpec, ctype: str) -> dict[str, Any] | None:
+    """The run loop's parts: the prologue reads its strided inputs a run of the
+    innermost reduced dim at a time, each input's offset computed once per run and
+    stepped by that dim's stride, where an element-by-element read divides the
+    reduction index by the reduced sizes for every element (a batch norm's sums over
+    N, H and W: three divisions a value). The launcher merges the reduced dims that
+    are contiguous for every input into the innermost (runtime/reduction_launch.py:
+    `_merged`), so H and W are one run. None where no input is read strided."""
+    ins = [i for i, inp in enumerate(spec.inputs) if "in" in spec.meta["phases"][i]]
+    strided = [i for i in ins if not spec.meta["in_flat"][i]]
+    if not strided or len(spec.meta["dims"]) == 0:
+        return None
+    last = spec.rank - 1
+    bases, loads = [], []
+    for i in ins:
+        inp = spec.inputs[i]
+        if i in strided:
+            base = print_index(_strided_in(spec, i, "o", "p"), "cpp")
+            bases.append(f"const int64_t b{i} = {base};")
+            off = f"b{i} + (r - p) * {inp.name}_stride{last}"
+        else:
+            off = _offsets(spec, i, "in", "o", "r", "cpp")
+        loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+                     f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
+    return {"check": f"size{last} >= {RUN_MIN}", "size": f"size{last}", "bases": bases,
+            "loads": loads}
 
 
 # Outputs a thread reduces together when they lie side by side in memory (a bias
@@ -429,8 +466,8 @@ TEMPLATE_VARIABLES = {
     "openmp": frozenset({"body", "chunk", "chunk_end", "chunk_init", "col_block",
                          "col_body", "col_chunk", "columns", "declare", "epilogue",
                          "finish", "header", "name", "pairwise", "parallel", "params",
-                         "result", "simd", "simd_decls", "single_end", "stores",
-                         "thread_end", "thread_init"}),
+                         "result", "run_body", "runs", "simd", "simd_decls", "single_end",
+                         "stores", "thread_end", "thread_init"}),
 }
 
 

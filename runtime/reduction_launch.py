@@ -44,7 +44,7 @@ class ReductionCppLauncher(CppLauncher):
     def launch(self, *inputs: torch.Tensor) -> Result:
         self.check_dtypes(inputs)
         space, outs, tensors, strides, n_out, n_red, _ = _prepare_reduction(
-            self.spec, inputs, self.out_dtypes)
+            self.spec, inputs, self.out_dtypes, merged=True)
         if outs[0].numel() == 0:
             return _result(outs)
         self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs], *space,
@@ -163,10 +163,14 @@ class _ReductionGeometry:
     # every input that is read flat is contiguous already (known from the sizes and
     # strides that key the geometry): the inputs are passed as they are
     direct: bool
+    # space and strides with the reduced dims contiguous for every input merged into
+    # the innermost (`_merged`): what the C++ kernel's runs read
+    merged_space: tuple[int, ...] = ()
+    merged_strides: tuple[int, ...] = ()
 
 
 def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
-                       out_dtypes: list[torch.dtype]
+                       out_dtypes: list[torch.dtype], merged: bool = False
                        ) -> tuple[tuple[int, ...], list[torch.Tensor], Sequence[torch.Tensor],
                                   tuple[int, ...], int, int, bool]:
     """Run-time sizes of the input space with the kept dims first and the reduced
@@ -181,6 +185,8 @@ def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     outs = [empty_strided(g.out_shape, g.out_stride, dtype, device) for dtype in out_dtypes]
     tensors = inputs if g.direct else [x.contiguous() if flat else x
                                        for x, flat in zip(inputs, g.flat, strict=True)]
+    if merged:
+        return g.merged_space, outs, tensors, g.merged_strides, g.n_out, g.n_red, g.inner
     return g.space, outs, tensors, g.strides, g.n_out, g.n_red, g.inner
 
 
@@ -211,7 +217,40 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
             st = x.expand(out_shape).stride()
             strides.extend([st[k] for k in kept] if meta["keepdim"] else st)
     direct = all(not f or x.is_contiguous() for x, f in zip(inputs, flags, strict=True))
+    merged_space, merged_strides = _merged(spec, space, strides)
     return _ReductionGeometry(space, tuple(out_shape), dense_strides(out_shape), tuple(flags),
                               tuple(strides),
                               _numel(tuple(shape[k] for k in kept)),
-                              _numel(tuple(shape[k] for k in dims)), inner is not False, direct)
+                              _numel(tuple(shape[k] for k in dims)), inner is not False, direct,
+                              merged_space, merged_strides)
+
+
+def _merged(spec: KernelSpec, space: tuple[int, ...], strides: list[int]
+            ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`space` with each reduced dim that every strided input reads contiguously with
+    the innermost one (its stride that one's times its size: H of NCHW against W)
+    merged into the innermost, left of size 1: the same elements in the same order,
+    read in longer runs (kinds/reduction.py: _cpp_runs). `strides` in launch order:
+    each strided prologue input's `rank` strides (kept dims, then reduced), then
+    epilogue strides, which are left as they are."""
+    meta, rank = spec.meta, spec.rank
+    starts, at = [], 0
+    for i in range(len(spec.inputs)):
+        phases = meta["phases"][i]
+        if "in" in phases and not meta["in_flat"][i]:
+            starts.append(at)
+            at += rank
+        if "out" in phases and not meta["out_flat"][i]:
+            at += len(meta["kept"])
+    sizes, new = list(space), list(strides)
+    last, first = rank - 1, rank - len(meta["dims"])
+    for k in range(last - 1, first - 1, -1):
+        if sizes[k] == 1:
+            continue
+        if not all(new[b + k] == new[b + last] * sizes[last] for b in starts):
+            break
+        sizes[last] *= sizes[k]
+        sizes[k] = 1
+        for b in starts:
+            new[b + k] = 0
+    return tuple(sizes), tuple(new)

@@ -578,3 +578,56 @@ def test_openmp_column_loop(fn, shape: tuple[int, int]) -> None:
     torch.testing.assert_close(got, fn(x, y), equal_nan=True, rtol=1e-5, atol=1e-5)
     [kernel] = [k for r in report.RECORDS for k in r.kernels if k["template"].endswith("reduction")]
     assert "a vector of outputs at a time" in Path(kernel["source"]).read_text()
+
+
+# ------------------------------------------------------------------ OpenMP runs
+def channel_sum(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (x * 2.0).sum((0, 2, 3))
+
+
+def channel_variance(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """A batch norm's variance pass: a [C] mean broadcast into the prologue."""
+    d = x - m.view(1, -1, 1, 1)
+    return (d * d).mean((0, 2, 3))
+
+
+def channel_amax(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return torch.amax(x + m.view(1, -1, 1, 1), dim=(0, 2, 3), keepdim=True)
+
+
+def outer_and_inner(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (x * x).sum((0, 3))  # H is kept: W alone is a run
+
+
+@pytest.mark.skipif(cxx() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("fn", [channel_sum, channel_variance, channel_amax, outer_and_inner],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(("shape", "layout"), [
+    ((5, 7, 19, 23), "contiguous"),   # H and W merge: runs of 437 across 512-element chunks
+    ((3, 4, 30, 40), "contiguous"),   # runs of 1200, each split by the chunks
+    ((4, 6, 33, 7), "contiguous"),    # W of 7 alone (H kept): element by element
+    ((5, 7, 19, 23), "transposed"),   # W and H swapped: no merge, runs of 19 strided
+    ((6, 5, 12, 20), "channels_last"),
+], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_openmp_reads_the_innermost_reduced_dims_in_runs(fn, shape, layout: str,
+                                                         dtype: torch.dtype) -> None:
+    """Reductions over dims that are not innermost in memory (a batch norm's over N, H
+    and W) read each run of the innermost reduced dims with offsets stepped, not
+    divided out per element (kinds/reduction.py: _cpp_runs; the launcher merges H and
+    W where they are contiguous, runtime/reduction_launch.py: _merged): equal eager."""
+    x = torch.randn(shape) * 3 + 1
+    if layout == "transposed":
+        x = x.transpose(2, 3)
+    elif layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    x = x.to(dtype)
+    m = torch.randn(x.shape[1]).to(dtype)
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target="openmp", strict=True)(x, m)
+    want = fn(x.double(), m.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * float(want.abs().max()))
+    [kernel] = [k for r in report.RECORDS for k in r.kernels if k["template"].endswith("reduction")]
+    assert "p / size3 + 1" in Path(kernel["source"]).read_text()
