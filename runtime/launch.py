@@ -528,10 +528,44 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     direct = all(f is None or (x.permute(f) if f else x).is_contiguous()
                  for x, f in zip(inputs, flat, strict=True))
     numel = max(_numel(size) for size, _ in outs)
-    cols = space[-1] if space else 1
-    count = (_numel(space) // cols if cols else 0) if spec.by_rows else numel
+    # the C++ kernel's rows: the innermost dims merged where every strided input
+    # reads them contiguously (H and W of NCHW, a per-channel scale's zeros too)
+    rows = space if dim is not None or indexed else _merged_rows(space, strides)
+    cols = rows[-1] if rows else 1
+    count = (_numel(rows) // cols if cols else 0) if spec.by_rows else numel
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
-                     flat, numel, direct, (*space, *strides, count, cols))
+                     flat, numel, direct, (*rows, *_merged_strides(space, rows, strides),
+                                           count, cols))
+
+
+def _merged_rows(space: tuple[int, ...], strides: list[int]) -> tuple[int, ...]:
+    """`space` with each dim before the innermost merged into it (left of size 1)
+    while every strided input's stride there is the innermost's times its size: the
+    same elements in the same order, in longer rows. `strides`: each strided input's,
+    in the space's order."""
+    sizes, rank = list(space), len(space)
+    if rank < 2:
+        return space
+    blocks = range(0, len(strides), rank)
+    last = rank - 1
+    for k in range(last - 1, -1, -1):
+        if sizes[k] == 1:
+            continue
+        if not all(strides[b + k] == strides[b + last] * sizes[last] for b in blocks):
+            break
+        sizes[last] *= sizes[k]
+        sizes[k] = 1
+    return tuple(sizes)
+
+
+def _merged_strides(space: tuple[int, ...], rows: tuple[int, ...], strides: list[int]
+                    ) -> list[int]:
+    """The strides for `rows` (_merged_rows): 0 for the dims merged away."""
+    if rows == space:
+        return strides
+    rank = len(space)
+    return [0 if rows[k % rank] == 1 and space[k % rank] != 1 else st
+            for k, st in enumerate(strides)]
 
 
 def _broadcast_strides(x: torch.Tensor, rank: int) -> tuple[int, ...]:

@@ -305,3 +305,45 @@ def test_openmp_rows_with_unit_and_other_strides(second: str) -> None:
     [kernel] = [k for r in report.RECORDS for k in r.kernels]
     with open(kernel["source"]) as src:
         assert "_stride1 == 1) {  // contiguous along the row" in src.read()
+
+
+# ------------------------------------------------------------------ OpenMP rows
+def per_channel_affine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A batch norm's output: a per-channel scale and shift over NCHW."""
+    return torch.relu(x * a.view(1, -1, 1, 1) + b.view(1, -1, 1, 1))
+
+
+def per_row_and_channel(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A scale per (channel, row): constant along W, not along H (no merge)."""
+    return x * (a.view(1, -1, 1, 1) * torch.arange(x.shape[2], dtype=x.dtype).view(1, 1, -1, 1)
+                + 1) - b.view(1, -1, 1, 1)
+
+
+@pytest.mark.skipif(cxx() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("fn", [per_channel_affine, per_row_and_channel],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(("shape", "layout"), [
+    ((4, 6, 7, 9), "contiguous"), ((2, 3, 1, 33), "contiguous"), ((5, 4, 6, 6), "transposed"),
+    ((3, 8, 5, 5), "channels_last")], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_openmp_rows_merge_and_load_constants_once(fn, shape, layout: str,
+                                                   dtype: torch.dtype) -> None:
+    """A pointwise kernel over NCHW reads a [C] vector once per row, not gathered at
+    stride 0 (kinds/pointwise.py: _row_constant), and its rows are H and W merged where
+    every input reads them contiguously (runtime/launch.py: _merged_rows): equal eager
+    on the layouts where they apply and where they do not."""
+    x = torch.randn(shape)
+    if layout == "transposed":
+        x = x.transpose(2, 3)
+    elif layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    x, a, b = x.to(dtype), torch.randn(shape[1]).to(dtype), torch.randn(shape[1]).to(dtype)
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target="openmp", strict=True)(x, a, b)
+    want = fn(x, a, b)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    sources = [open(k["source"]).read() for r in report.RECORDS for k in r.kernels]
+    if fn is per_channel_affine and layout != "channels_last":
+        assert any("_ptr[in1_base]" in src for src in sources), sources
