@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,18 @@ class Launcher:
 
     def launch(self, *inputs: torch.Tensor) -> Result:
         raise NotImplementedError
+
+    # each input's dtype as the kernel was rendered for it (launchers that check them)
+    in_dtypes: list[torch.dtype] = []
+
+    def check_dtypes(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """A kernel is rendered for each input's dtype (a C++ kernel reads the bytes
+        as that type, whatever the tensor holds); where a tensor is not of it (a fake
+        tensor's dtype that the real op does not give: the running statistics of a
+        bf16 batch norm on the CPU), this call runs through ATen (NoLaunch)."""
+        for x, want in zip(inputs, self.in_dtypes, strict=True):
+            if x.dtype != want:
+                raise NoLaunch(f"an input is {x.dtype}, the kernel reads {want}")
 
     # While a launch is learned, the scratch tensors it allocates (a split
     # reduction's partial results): a plan allocates them afresh at each call
@@ -295,15 +307,6 @@ class CppLauncher(Launcher):
         self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
         self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
 
-    def check_dtypes(self, inputs: tuple[torch.Tensor, ...]) -> None:
-        """A C++ kernel reads each input as the dtype it was compiled for, whatever the
-        tensor holds; where a tensor is not of it (a fake tensor's dtype that the real
-        op does not give: the running statistics of a bf16 batch norm on the CPU),
-        this call runs through ATen (NoLaunch)."""
-        for x, want in zip(inputs, self.in_dtypes, strict=True):
-            if x.dtype != want:
-                raise NoLaunch(f"an input is {x.dtype}, the kernel reads {want}")
-
     def launch(self, *inputs: torch.Tensor) -> Result:
         self.check_dtypes(inputs)
         g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
@@ -323,15 +326,6 @@ class TritonLauncher(Launcher):
         super().__init__(spec, kernel, fallback)
         self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
         self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
-
-    def check_dtypes(self, inputs: tuple[torch.Tensor, ...]) -> None:
-        """A C++ kernel reads each input as the dtype it was compiled for, whatever the
-        tensor holds; where a tensor is not of it (a fake tensor's dtype that the real
-        op does not give: the running statistics of a bf16 batch norm on the CPU),
-        this call runs through ATen (NoLaunch)."""
-        for x, want in zip(inputs, self.in_dtypes, strict=True):
-            if x.dtype != want:
-                raise NoLaunch(f"an input is {x.dtype}, the kernel reads {want}")
 
     def launch(self, *inputs: torch.Tensor) -> Result:
         self.check_dtypes(inputs)
@@ -539,23 +533,33 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
 
 
 def _merged_rows(space: tuple[int, ...], strides: list[int]) -> tuple[int, ...]:
-    """`space` with each dim before the innermost merged into it (left of size 1)
-    while every strided input's stride there is the innermost's times its size: the
-    same elements in the same order, in longer rows. `strides`: each strided input's,
-    in the space's order."""
-    sizes, rank = list(space), len(space)
-    if rank < 2:
+    """`space` with the dims before the innermost merged into it where every strided
+    input reads them contiguously (`merge_inner`): the same elements in the same order,
+    in longer rows. `strides`: each strided input's, in the space's order."""
+    if len(space) < 2:
         return space
-    blocks = range(0, len(strides), rank)
-    last = rank - 1
-    for k in range(last - 1, -1, -1):
+    sizes = list(space)
+    merge_inner(sizes, strides, range(0, len(strides), len(space)))
+    return tuple(sizes)
+
+
+def merge_inner(sizes: list[int], strides: Sequence[int], starts: Iterable[int],
+                first: int = 0) -> list[int]:
+    """Merge dims `first`.. of `sizes` into the last one, innermost first, while every
+    block of `strides` (the dims' strides from each offset of `starts`) steps over a
+    dim as over the last one's whole extent: its stride the last's times the last's
+    size. Merged dims are left of size 1 (in place); returns them."""
+    last, starts = len(sizes) - 1, list(starts)
+    merged = []
+    for k in range(last - 1, first - 1, -1):
         if sizes[k] == 1:
             continue
-        if not all(strides[b + k] == strides[b + last] * sizes[last] for b in blocks):
+        if not all(strides[b + k] == strides[b + last] * sizes[last] for b in starts):
             break
         sizes[last] *= sizes[k]
         sizes[k] = 1
-    return tuple(sizes)
+        merged.append(k)
+    return merged
 
 
 def _merged_strides(space: tuple[int, ...], rows: tuple[int, ...], strides: list[int]

@@ -23,6 +23,7 @@ from .launch import (
     cached_geometry,
     dense_strides,
     empty_strided,
+    merge_inner,
     triton_cdiv,
 )
 
@@ -243,14 +244,7 @@ def _merged(spec: KernelSpec, space: tuple[int, ...], strides: list[int]
         if "out" in phases and not meta["out_flat"][i]:
             at += len(meta["kept"])
     sizes, new = list(space), list(strides)
-    last, first = rank - 1, rank - len(meta["dims"])
-    for k in range(last - 1, first - 1, -1):
-        if sizes[k] == 1:
-            continue
-        if not all(new[b + k] == new[b + last] * sizes[last] for b in starts):
-            break
-        sizes[last] *= sizes[k]
-        sizes[k] = 1
+    for k in merge_inner(sizes, strides, starts, rank - len(meta["dims"])):
         for b in starts:
             new[b + k] = 0
     return tuple(sizes), tuple(new)
