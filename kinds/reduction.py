@@ -312,6 +312,8 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
                            columns=columns, col_body=col_loads + body[len(loads):] + update,
                            runs=runs, run_body=(runs["loads"] + body[len(loads):] + update
                                                 if runs else []),
+                           unit_body=(runs["unit_loads"] + body[len(loads):] + update
+                                      if runs else []),
                            col_block=COLUMN_BLOCK, col_chunk=COLUMN_CHUNK,
                            simd_decls=simd_decls)
 
@@ -334,19 +336,26 @@ def _cpp_runs(spec: KernelSpec, ctype: str) -> dict[str, Any] | None:
     if not strided or len(spec.meta["dims"]) == 0:
         return None
     last = spec.rank - 1
-    bases, loads = [], []
-    for i in ins:
-        inp = spec.inputs[i]
-        if i in strided:
-            base = print_index(_strided_in(spec, i, "o", "p"), "cpp")
-            bases.append(f"const int64_t b{i} = {base};")
-            off = f"b{i} + (r - p) * {inp.name}_stride{last}"
-        else:
-            off = _offsets(spec, i, "in", "o", "r", "cpp")
-        loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
-                     f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
+    bases = [f"const int64_t b{i} = {print_index(_strided_in(spec, i, 'o', 'p'), 'cpp')};"
+             for i in strided]
+
+    def loads(step: str) -> list[str]:
+        """Each prologue input's load, strided ones `step` (with {name}) past the base."""
+        out = []
+        for i in ins:
+            inp = spec.inputs[i]
+            off = f"b{i} + " + step.format(name=inp.name) if i in strided else \
+                _offsets(spec, i, "in", "o", "r", "cpp")
+            out.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+                       f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
+        return out
+
+    # twice, as the pointwise rows: plain vector loads where every strided input is
+    # contiguous along the run, else `(r - p) * stride` (gathers)
+    unit = " && ".join(f"{spec.inputs[i].name}_stride{last} == 1" for i in strided)
     return {"check": f"size{last} >= {RUN_MIN}", "size": f"size{last}", "bases": bases,
-            "loads": loads}
+            "loads": loads(f"(r - p) * {{name}}_stride{last}"), "unit": unit,
+            "unit_loads": loads("(r - p)")}
 
 
 # Outputs a thread reduces together when they lie side by side in memory (a bias
@@ -467,7 +476,7 @@ TEMPLATE_VARIABLES = {
                          "col_body", "col_chunk", "columns", "declare", "epilogue",
                          "finish", "header", "name", "pairwise", "parallel", "params",
                          "result", "run_body", "runs", "simd", "simd_decls", "single_end",
-                         "stores", "thread_end", "thread_init"}),
+                         "stores", "thread_end", "thread_init", "unit_body"}),
 }
 
 
