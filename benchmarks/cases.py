@@ -151,6 +151,34 @@ def _build_gelu_bias(cfg: Config) -> Instance:
                     bytes_moved=nbytes(x, b, x), dtype_label="fp32")
 
 
+# --------------------------------------------------------------------------- per channel
+
+
+def channel_sum(x: torch.Tensor) -> torch.Tensor:
+    """A batch norm's statistic or a convolution's bias gradient: NCHW summed over N, H, W."""
+    return (x * 2.0).sum((0, 2, 3))
+
+
+def channel_affine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A batch norm's output in training: a per-channel scale and shift, then ReLU."""
+    return torch.relu(x * a.view(1, -1, 1, 1) + b.view(1, -1, 1, 1))
+
+
+def _per_channel(kind: str) -> Callable[[Config], Instance]:
+    def build(cfg: Config) -> Instance:
+        n, c, hw = cfg.pick(cuda=(32, 128, 56), cpu=(32, 64, 28), quick=(8, 64, 28))
+        x = _randn(cfg, n, c, hw, hw)
+        shape = f"{n}x{c}x{hw}x{hw} fp32"
+        if kind == "sum":
+            return Instance(fn=channel_sum, inputs=(x,), shape=shape, rtol=1e-4, atol=1e-2,
+                            bytes_moved=nbytes(x) + c * 4, dtype_label="fp32")
+        a, b = _randn(cfg, c), _randn(cfg, c)
+        return Instance(fn=channel_affine, inputs=(x, a, b), shape=shape,
+                        bytes_moved=2 * nbytes(x) + nbytes(a, b), dtype_label="fp32")
+
+    return build
+
+
 # --------------------------------------------------------------------------- row reductions
 
 
@@ -362,6 +390,10 @@ CASES: tuple[Case, ...] = (
            memory_bound=True)
       for kind in ("softmax", "layer_norm", "rms_norm")
       for label, width in (("1k", 1024), ("4k", 4096), ("32k", 32768))),
+    Case("channel_sum", "NCHW summed over N, H and W (batch norm statistics)",
+         _per_channel("sum"), memory_bound=True),
+    Case("channel_affine", "relu(x * a[c] + b[c]) over NCHW (batch norm's output)",
+         _per_channel("affine"), memory_bound=True),
     Case("conv_bn_relu", "Conv2d 3x3 + BatchNorm2d + ReLU, eval", _conv_module(ConvBnReLU)),
     Case("mlp", "Linear-GELU-Linear inference (fp16 on CUDA)", _build_mlp),
     Case("gpt2_block", "GPT-2 block inference (fp16 on CUDA)", _build_gpt2),
