@@ -305,7 +305,7 @@ STAYS = ([("triton", "default")] if CUDA or INTERPRETED else []) + \
 def test_batch_norm_stays_aten_where_it_is_faster(target: str, mode: str,
                                                   dtype: torch.dtype) -> None:
     """Triton in default mode (each launch costs host time) and the OpenMP target in
-    any mode (ATen's batch norm was faster there): the rules, `more_launches`, do not
+    any mode (ATen's batch norm is as fast there): the rules, `more_launches`, do not
     apply; batch norm runs as ATen, forward and backward, and the steps are eager's.
     In bf16 on the CPU, ATen's op returns bf16 running statistics where its fake
     tensors say f32: the C++ kernel casting them must not read them as f32 (it did:
