@@ -11,6 +11,7 @@ import contextlib
 import copy
 import math
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -47,6 +48,16 @@ def kernel_targets() -> tuple[str, list[str]]:
     targets = (["openmp"] if cxx() and not cuda else []) + (
         ["triton"] if cuda or interpreted else [])
     return ("cuda" if cuda else "cpu"), targets
+
+
+def outside_ops() -> Counter[str]:
+    """The ATen ops left outside kernels in every graph `report` recorded, counted."""
+    return sum((Counter(rec.fallback_ops) for rec in report.RECORDS), Counter())
+
+
+def rules_fired() -> Counter[str]:
+    """The rules that fired in every graph `report` recorded, counted."""
+    return sum((Counter(rec.rules_fired) for rec in report.RECORDS), Counter())
 
 
 # --------------------------------------------------------------------------- models

@@ -10,7 +10,6 @@ with the updated running statistics (batch-norm-eval)."""
 
 from __future__ import annotations
 
-import collections
 import copy
 import os
 from collections.abc import Callable
@@ -21,6 +20,8 @@ import torch
 import rewritec  # noqa: F401 - registers the backend
 from rewritec import report
 from rewritec.runtime.build import cxx
+
+from models import outside_ops, rules_fired
 
 CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -133,27 +134,13 @@ def _train(make: Callable[[], torch.nn.Module], shape: tuple[int, ...], target: 
     return ref, mine, compiled
 
 
-def _outside() -> collections.Counter[str]:
-    outside: collections.Counter[str] = collections.Counter()
-    for rec in report.RECORDS:
-        outside.update(rec.fallback_ops)
-    return outside
-
-
-def _fired() -> collections.Counter[str]:
-    fired: collections.Counter[str] = collections.Counter()
-    for rec in report.RECORDS:
-        fired.update(rec.rules_fired)
-    return fired
-
-
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 16, 3, 3)], ids=str)
 def test_batch_norm_2d_in_kernels(shape, channels_last: bool, target: str) -> None:
     _train(_bn(torch.nn.BatchNorm2d, shape[1]), shape, target, channels_last=channels_last)
-    assert not BATCH_NORM_OPS & set(_outside())
-    fired = _fired()
+    assert not BATCH_NORM_OPS & set(outside_ops())
+    fired = rules_fired()
     for rule in ("batch-norm-train", "batch-norm-train-mean", "batch-norm-train-invstd",
                  "batch-norm-running-mean", "batch-norm-running-var",
                  "batch-norm-backward-input", "batch-norm-backward-weight",
@@ -170,10 +157,10 @@ def test_batch_norm_2d_in_kernels(shape, channels_last: bool, target: str) -> No
 @pytest.mark.parametrize(("shape", "affine"), [((9, 3), True), ((5, 3, 11), False)], ids=str)
 def test_batch_norm_1d_in_kernels(shape, affine: bool, target: str) -> None:
     _train(_bn(torch.nn.BatchNorm1d, shape[1], affine=affine), shape, target)
-    assert not BATCH_NORM_OPS & set(_outside())
+    assert not BATCH_NORM_OPS & set(outside_ops())
     if not affine:
-        assert _fired()["batch-norm-train-no-affine"] == 1
-        assert _fired()["batch-norm-backward-input-no-weight"] == 1
+        assert rules_fired()["batch-norm-train-no-affine"] == 1
+        assert rules_fired()["batch-norm-backward-input-no-weight"] == 1
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -181,12 +168,12 @@ def test_batch_norm_without_running_stats(target: str) -> None:
     """track_running_stats=False: the batch's statistics in training and in eval."""
     _, mine, compiled = _train(_bn(torch.nn.BatchNorm2d, 5, track_running_stats=False),
                                (3, 5, 4, 6), target)
-    assert _fired()["batch-norm-no-stats"] == 1
+    assert rules_fired()["batch-norm-no-stats"] == 1
     mine.eval()
     x = torch.randn(3, 5, 4, 6, device=DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), mine(x))
-    assert not BATCH_NORM_OPS & set(_outside())
+    assert not BATCH_NORM_OPS & set(outside_ops())
 
 
 def _half_targets() -> list[str]:
@@ -198,8 +185,8 @@ def _half_targets() -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_batch_norm_half_in_kernels(dtype: torch.dtype, target: str) -> None:
     _train(_bn(torch.nn.BatchNorm2d, 3), (4, 3, 5, 7), target, dtype=dtype)
-    assert not BATCH_NORM_OPS & set(_outside())
-    fired = _fired()
+    assert not BATCH_NORM_OPS & set(outside_ops())
+    fired = rules_fired()
     for rule in ("batch-norm-train-half", "batch-norm-train-mean-half",
                  "batch-norm-train-invstd-half", "batch-norm-running-mean-half-cast",
                  "batch-norm-running-var-half-cast", "batch-norm-backward-input-half",
@@ -212,8 +199,8 @@ def test_resnet_block_under_autocast_then_eval(target: str) -> None:
     """bf16 convolution outputs into f32 batch norms, as CPU autocast leaves them;
     then eval, which reads the running statistics the compiled steps wrote."""
     ref, mine, compiled = _train(lambda: Block(8), (2, 8, 6, 6), target, autocast=True)
-    assert not BATCH_NORM_OPS & set(_outside())
-    assert _fired()["batch-norm-running-mean-half"] == 2  # the f32 buffers, updated in f32
+    assert not BATCH_NORM_OPS & set(outside_ops())
+    assert rules_fired()["batch-norm-running-mean-half"] == 2  # the f32 buffers, updated in f32
     ref.eval()
     mine.eval()
     x = torch.randn(2, 8, 6, 6, device=DEVICE)
@@ -236,8 +223,8 @@ def test_eval_after_training(target: str) -> None:
     with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled,
                                     allow_tf32=False), torch.no_grad():
         torch.testing.assert_close(compiled(x), ref(x))
-    assert _fired()["batch-norm-eval"] == 2
-    assert "_native_batch_norm_legit_no_training" not in _outside()
+    assert rules_fired()["batch-norm-eval"] == 2
+    assert "_native_batch_norm_legit_no_training" not in outside_ops()
 
 
 def test_momentum_none_matches_eager() -> None:
@@ -272,8 +259,8 @@ def test_symbolic_batch_size() -> None:
     for (name, want), (_, got) in zip(ref.named_buffers(), mine.named_buffers(), strict=True):
         _close(got.float(), want.float(), 1e-5, name)
     if target != "aten":
-        assert not BATCH_NORM_OPS & set(_outside())
-        fired = _fired()
+        assert not BATCH_NORM_OPS & set(outside_ops())
+        fired = rules_fired()
         assert fired["batch-norm-backward-input-symbolic"] >= 1
         assert fired["batch-norm-running-var-symbolic"] >= 1
 
@@ -315,8 +302,8 @@ def test_batch_norm_stays_aten_where_it_is_faster(target: str, mode: str,
     report.reset()
     _train(_bn(torch.nn.BatchNorm2d, 3), (4, 3, 5, 5), target, dtype=dtype, mode=mode,
            strict=False)
-    assert not any(name.startswith("batch-norm") for name in _fired())
-    assert BATCH_NORM_OPS & set(_outside())
+    assert not any(name.startswith("batch-norm") for name in rules_fired())
+    assert BATCH_NORM_OPS & set(outside_ops())
 
 
 def test_more_launches_is_a_flag(tmp_path) -> None:
