@@ -329,8 +329,8 @@ def _cpp_runs(spec: KernelSpec, ctype: str) -> dict[str, Any] | None:
     stepped by that dim's stride, where an element-by-element read divides the
     reduction index by the reduced sizes for every element (a batch norm's sums over
     N, H and W: three divisions a value). The launcher merges the reduced dims that
-    are contiguous for every input into the innermost (runtime/reduction_launch.py:
-    `_merged`), so H and W are one run. None where no input is read strided."""
+    are contiguous for every input into the innermost (runtime/launch.py:
+    `merge_inner`), so H and W are one run. None where no input is read strided."""
     ins = [i for i, inp in enumerate(spec.inputs) if "in" in spec.meta["phases"][i]]
     strided = [i for i in ins if not spec.meta["in_flat"][i]]
     if not strided or len(spec.meta["dims"]) == 0:

@@ -527,9 +527,9 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     rows = space if dim is not None or indexed else _merged_rows(space, strides)
     cols = rows[-1] if rows else 1
     count = (_numel(rows) // cols if cols else 0) if spec.by_rows else numel
+    # (a merged dim is left of size 1, which adds nothing to an offset: strides stay)
     return _Geometry(tuple(shape), tuple(keep), tuple(perm), space, tuple(strides), outs,
-                     flat, numel, direct, (*rows, *_merged_strides(space, rows, strides),
-                                           count, cols))
+                     flat, numel, direct, (*rows, *strides, count, cols))
 
 
 def _merged_rows(space: tuple[int, ...], strides: list[int]) -> tuple[int, ...]:
@@ -544,13 +544,12 @@ def _merged_rows(space: tuple[int, ...], strides: list[int]) -> tuple[int, ...]:
 
 
 def merge_inner(sizes: list[int], strides: Sequence[int], starts: Iterable[int],
-                first: int = 0) -> list[int]:
+                first: int = 0) -> None:
     """Merge dims `first`.. of `sizes` into the last one, innermost first, while every
     block of `strides` (the dims' strides from each offset of `starts`) steps over a
     dim as over the last one's whole extent: its stride the last's times the last's
-    size. Merged dims are left of size 1 (in place); returns them."""
+    size. Merged dims are left of size 1, in place."""
     last, starts = len(sizes) - 1, list(starts)
-    merged = []
     for k in range(last - 1, first - 1, -1):
         if sizes[k] == 1:
             continue
@@ -558,18 +557,6 @@ def merge_inner(sizes: list[int], strides: Sequence[int], starts: Iterable[int],
             break
         sizes[last] *= sizes[k]
         sizes[k] = 1
-        merged.append(k)
-    return merged
-
-
-def _merged_strides(space: tuple[int, ...], rows: tuple[int, ...], strides: list[int]
-                    ) -> list[int]:
-    """The strides for `rows` (_merged_rows): 0 for the dims merged away."""
-    if rows == space:
-        return strides
-    rank = len(space)
-    return [0 if rows[k % rank] == 1 and space[k % rank] != 1 else st
-            for k, st in enumerate(strides)]
 
 
 def _broadcast_strides(x: torch.Tensor, rank: int) -> tuple[int, ...]:

@@ -164,10 +164,11 @@ class _ReductionGeometry:
     # every input that is read flat is contiguous already (known from the sizes and
     # strides that key the geometry): the inputs are passed as they are
     direct: bool
-    # space and strides with the reduced dims contiguous for every input merged into
-    # the innermost (`_merged`): what the C++ kernel's runs read
+    # the space with the reduced dims every strided prologue input reads contiguously
+    # merged into the innermost (launch.merge_inner), the others left of size 1: the
+    # same elements in the same order, read in longer runs (kinds/reduction.py:
+    # _cpp_runs). A dim of size 1 adds nothing to an offset, so the strides stay.
     merged_space: tuple[int, ...] = ()
-    merged_strides: tuple[int, ...] = ()
 
 
 def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
@@ -186,9 +187,8 @@ def _prepare_reduction(spec: KernelSpec, inputs: tuple[torch.Tensor, ...],
     outs = [empty_strided(g.out_shape, g.out_stride, dtype, device) for dtype in out_dtypes]
     tensors = inputs if g.direct else [x.contiguous() if flat else x
                                        for x, flat in zip(inputs, g.flat, strict=True)]
-    if merged:
-        return g.merged_space, outs, tensors, g.merged_strides, g.n_out, g.n_red, g.inner
-    return g.space, outs, tensors, g.strides, g.n_out, g.n_red, g.inner
+    space = g.merged_space if merged else g.space
+    return space, outs, tensors, g.strides, g.n_out, g.n_red, g.inner
 
 
 def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
@@ -203,6 +203,7 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
         else [shape[k] for k in kept]
     flags: list[bool] = []
     strides: list[int] = []
+    starts: list[int] = []  # where each strided prologue input's strides begin
     inner = None
     for i, x in enumerate(inputs):
         phases = meta["phases"][i]
@@ -213,38 +214,17 @@ def _reduction_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]
                          for p in phases))
         if "in" in phases and not meta["in_flat"][i]:
             st = x.expand(shape).stride()
+            starts.append(len(strides))
             strides.extend(st[k] for k in kept + list(dims))
         if "out" in phases and not meta["out_flat"][i]:
             st = x.expand(out_shape).stride()
             strides.extend([st[k] for k in kept] if meta["keepdim"] else st)
     direct = all(not f or x.is_contiguous() for x, f in zip(inputs, flags, strict=True))
-    merged_space, merged_strides = _merged(spec, space, strides)
+    merged = list(space)
+    merge_inner(merged, strides, starts, spec.rank - len(dims))
     return _ReductionGeometry(space, tuple(out_shape), dense_strides(out_shape), tuple(flags),
                               tuple(strides),
                               _numel(tuple(shape[k] for k in kept)),
                               _numel(tuple(shape[k] for k in dims)), inner is not False, direct,
-                              merged_space, merged_strides)
+                              tuple(merged))
 
-
-def _merged(spec: KernelSpec, space: tuple[int, ...], strides: list[int]
-            ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """`space` with each reduced dim that every strided input reads contiguously with
-    the innermost one (its stride that one's times its size: H of NCHW against W)
-    merged into the innermost, left of size 1: the same elements in the same order,
-    read in longer runs (kinds/reduction.py: _cpp_runs). `strides` in launch order:
-    each strided prologue input's `rank` strides (kept dims, then reduced), then
-    epilogue strides, which are left as they are."""
-    meta, rank = spec.meta, spec.rank
-    starts, at = [], 0
-    for i in range(len(spec.inputs)):
-        phases = meta["phases"][i]
-        if "in" in phases and not meta["in_flat"][i]:
-            starts.append(at)
-            at += rank
-        if "out" in phases and not meta["out_flat"][i]:
-            at += len(meta["kept"])
-    sizes, new = list(space), list(strides)
-    for k in merge_inner(sizes, strides, starts, rank - len(meta["dims"])):
-        for b in starts:
-            new[b + k] = 0
-    return tuple(sizes), tuple(new)

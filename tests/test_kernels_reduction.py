@@ -615,7 +615,7 @@ def test_openmp_reads_the_innermost_reduced_dims_in_runs(fn, shape, layout: str,
     """Reductions over dims that are not innermost in memory (a batch norm's over N, H
     and W) read each run of the innermost reduced dims with offsets stepped, not
     divided out per element (kinds/reduction.py: _cpp_runs; the launcher merges H and
-    W where they are contiguous, runtime/reduction_launch.py: _merged): equal eager."""
+    W where they are contiguous, runtime/launch.py: merge_inner): equal eager."""
     x = torch.randn(shape) * 3 + 1
     if layout == "transposed":
         x = x.transpose(2, 3)
