@@ -280,8 +280,12 @@ def _list_overload(info: OpInfo) -> torch._ops.OpOverload | None:
     if len(info.aten) != 1:
         return None
     op = overload(info.overloads()[0][0])
-    schema_args = op._schema.arguments
-    return op if schema_args and str(schema_args[0].type) == "List[Tensor]" else None
+    return op if takes_tensor_list(op._schema.arguments) else None
+
+
+def takes_tensor_list(schema_args: Sequence[Any]) -> bool:
+    """Whether an overload's first argument is a list of tensors (`cat`'s)."""
+    return bool(schema_args) and str(schema_args[0].type) == "List[Tensor]"
 
 
 def _fill(spec: Any, values: list[Any]) -> Any:

@@ -23,7 +23,15 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..engine.ops import OpInfo
 from ..engine.term import Graph, Term, TermStore, freeze
-from .bridge import Bridge, Opaque, Slot, from_torch_attr, meta_of, operand_positions
+from .bridge import (
+    Bridge,
+    Opaque,
+    Slot,
+    from_torch_attr,
+    meta_of,
+    operand_positions,
+    takes_tensor_list,
+)
 from .fold import tensor_term
 from .regions import Region
 
@@ -251,7 +259,7 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     for arg, value in zip(schema_args, node.args, strict=False):
         bound[arg.name] = value
     bound.update(node.kwargs)
-    if schema_args and str(schema_args[0].type) == "List[Tensor]":
+    if takes_tensor_list(schema_args):
         return _list_term(info, schema_args, bound, env, store, meta)
     operands: list[Term] = []
     tensors: dict[int, Term] = {}  # operands read as numbers -> their tensor terms

@@ -33,6 +33,7 @@ from ..engine.term import Term
 from .kernels import (
     CPP_DTYPES,
     MOVES,
+    aligned_shape,
     cpp_load_type,
     cpp_read,
     literal,
@@ -45,11 +46,6 @@ from .spec import KernelSpec
 # else the element's index along the dim plus `value`.
 Coord = tuple[bool, int]
 Point = tuple[Coord, ...]
-
-
-def _aligned(t: Term, rank: int) -> tuple[int, ...]:
-    """`t`'s shape with leading 1s up to the kernel's rank, as broadcasting aligns it."""
-    return (1,) * (rank - t.meta.rank) + tuple(t.meta.shape)
 
 
 def _bounds(start: Any, end: Any, size: int) -> tuple[int, int]:
@@ -135,7 +131,7 @@ class Plan:
         if t.op == "const":
             return literal(t.value, self.target, t.meta.dtype != "f64")
         rank = len(self.shape)
-        size = _aligned(t, rank)
+        size = aligned_shape(t, rank)
         # a dim `t` has size 1 in: it broadcasts, whatever the point's index there
         point = tuple((True, 0) if size[j] == 1 else c for j, c in enumerate(point))
         key = (t, point)
@@ -152,7 +148,7 @@ class Plan:
             if t.op == "slice":
                 src = t.args[0]
                 start, _ = _bounds(t.attr("start"), t.attr("end"),
-                                   _aligned(src, len(self.shape))[j])
+                                   aligned_shape(src, len(self.shape))[j])
                 return self.value(src, _moved(point, j, start))
             if t.op == "cat":
                 return self._cat(t, point, j)
@@ -177,7 +173,7 @@ class Plan:
         rank = len(self.shape)
         pieces, offset = [], 0
         for a in t.args:
-            n = _aligned(a, rank)[j]
+            n = aligned_shape(a, rank)[j]
             pieces.append((a, offset, n))
             offset += n
         lo, hi = self._reach(j, point[j], offset)

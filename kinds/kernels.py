@@ -103,6 +103,11 @@ class RenderError(Exception):
     """The group cannot be rendered by this target; it falls back to ATen."""
 
 
+def aligned_shape(t: Term, rank: int) -> tuple[Any, ...]:
+    """`t`'s shape with leading 1s up to `rank` dims, as broadcasting aligns it."""
+    return (1,) * (rank - t.meta.rank) + tuple(t.meta.shape)
+
+
 # Ops that read an operand at other positions (the op table's `indexed` category),
 # which pointwise kernels compute (kinds/indexed.py), and the views among them: a
 # `slice` joins a pointwise kernel that holds one of the others (kinds/pointwise.py).
@@ -158,7 +163,7 @@ def spec_of(term: Term, index: int, kind: str,
     indexed = any(t.op in MOVES for t in body)
     inputs = []
     for i, a in enumerate(term.args):
-        ashape = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
+        ashape = aligned_shape(a, rank)
         per_row = dim is not None and ashape[dim] == 1 and shape[dim] != 1
         flat = last and not indexed and a.meta.rank == rank and _contiguous(a, order) and (
             ashape == shape or (per_row and ashape == per_row_shape))

@@ -24,6 +24,7 @@ from .kernels import (
     TRITON_DTYPES,
     RenderError,
     _contiguous,
+    aligned_shape,
     kernel_header,
     _key,
     term_names,
@@ -54,7 +55,7 @@ def matmul_spec(term: Term, index: int) -> KernelSpec:
                      for a in t.args if a.op == "arg"}
     inputs = []
     for i, a in enumerate(term.args):
-        ashape = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
+        ashape = aligned_shape(a, rank)
         flat = a.meta.rank == rank and _contiguous(a) and ashape == shape
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, False, rank))
     digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body], shape,

@@ -20,6 +20,7 @@ from .kernels import (
     CPP_DTYPES,
     INDEXED_OPS,
     MOVES,
+    aligned_shape,
     check_template,
     cpp_load_type,
     cpp_params,
@@ -202,7 +203,7 @@ def _row_constant(spec: KernelSpec) -> set[int]:
         a = args.get(k)
         if inp.flat or a is None:
             continue
-        ashape = (1,) * (spec.rank - a.meta.rank) + tuple(a.meta.shape)
+        ashape = aligned_shape(a, spec.rank)
         if len(ashape) == spec.rank and ashape[inner] == 1:
             found.add(k)
     return found
