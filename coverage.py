@@ -56,11 +56,9 @@ EXTERN_PREFIXES = (
     "_fft_", "fft_", "linalg_", "_linalg_",
     "_c10d_functional::", "_c10d_functional_autograd::", "c10d::",
 )
-# Extern in the op table only because no template computes them yet: batch_norm_eval
-# is pointwise work (a scale and a shift per channel) that rules decompose, and
-# constant_pad_nd (rules/decompose/matmul_align.yaml) a copy; both count.
-COUNTED_DESPITE_TABLE = frozenset({"batch_norm_eval", "_native_batch_norm_legit_no_training",
-                                  "constant_pad_nd"})
+# Extern in the op table only because no template computes it yet: batch_norm_eval
+# is pointwise work (a scale and a shift per channel) that rules decompose; it counts.
+COUNTED_DESPITE_TABLE = frozenset({"batch_norm_eval", "_native_batch_norm_legit_no_training"})
 
 # ATen ops outside the op table that launch no kernel: views (also when ATen's
 # reshape has to copy, the op table's `reshape` is a view), metadata, allocation

@@ -121,13 +121,15 @@ def reduced_dims(t: Term) -> tuple[int, ...] | None:
 # Kernels compute in f32 (f64 when a member is f64) and round to each member's own
 # dtype where it differs, so members may mix these (f16 softmax: f32 inside).
 FLOATS = ("f32", "f16", "bf16", "f64")
+# Integers a kernel computes in their own dtype (kinds/kernels.py: INT_OPS)
+INTS = ("i64", "i32")
 
 
-def kernel_value(t: Term, root: Term) -> bool:
-    """A tensor a kernel computes in: a float, or a bool mask that stays inside
-    (a comparison a `where` reads); the result a kernel writes is a float."""
+def kernel_value(t: Term) -> bool:
+    """A tensor a kernel computes in: a float, an integer (kinds/kernels.py:
+    INT_OPS) or a bool mask (a comparison, read by a `where` or written out)."""
     return t.meta.kind == "tensor" and (
-        t.meta.dtype in FLOATS or (t.meta.dtype == "b8" and t is not root))
+        t.meta.dtype in FLOATS or t.meta.dtype in INTS or t.meta.dtype == "b8")
 
 
 def broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:

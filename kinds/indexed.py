@@ -1,10 +1,12 @@
-"""Indexed ops inside pointwise kernels: `cat`, `slice_scatter`, `slice_backward`
-(the op table's `indexed` category) and the `slice`s of values a kernel computes.
+"""Indexed ops inside pointwise kernels: `cat`, `slice_scatter`, `slice_backward`,
+`constant_pad_nd` (the op table's `indexed` category) and the `slice`s of values a
+kernel computes.
 
 A pointwise kernel computes its root at each element of its shape. An indexed op
 reads an operand at another position: cat's piece k at the element's index less
 the sizes of the pieces before it along the cat's dim, a slice at its index plus
-the slice's start. So here a body term is computed at a *point*: per dim of the
+the slice's start, a pad's element at its index less the padding before it (or
+the fill value outside its operand). So here a body term is computed at a *point*: per dim of the
 kernel's shape, the element's index shifted by a constant (`pos3 - 8`), or a
 constant (a dim the term has size 1 in, which it broadcasts). The root is computed
 at the element itself and each op asks for its operands at the points it reads
@@ -27,16 +29,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.fuse import static_shape
+from ..engine.fuse import INTS, static_shape
 from ..engine.ops import OpTable
 from ..engine.term import Term
 from .kernels import (
     CPP_DTYPES,
     MOVES,
     aligned_shape,
-    cpp_load_type,
+    cpp_value_type,
     cpp_read,
     literal,
+    pad_widths,
     triton_load,
     value_expr,
 )
@@ -76,7 +79,7 @@ class _Load:
 @dataclass
 class Plan:
     """Which body term a kernel computes at which point, in the order it needs them:
-    the loads (`loads`) and the statements (`stmts`, variable and expression), and
+    the loads (`loads`) and the statements (`stmts`: variable, expression, dtype), and
     the variable (or literal) holding each written term at the element itself
     (`outputs`). `target` spells conditions and selections; dims are named by their
     position in the kernel's space (`pos{p}`: the element's index there; the
@@ -88,7 +91,7 @@ class Plan:
     shape: tuple[int, ...] = field(init=False)
     perm: list[int] = field(init=False)  # space position p holds graph dim perm[p]
     loads: list[_Load] = field(default_factory=list)
-    stmts: list[tuple[str, str]] = field(default_factory=list)
+    stmts: list[tuple[str, str, str]] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     _names: dict[tuple[Term, Point], str] = field(default_factory=dict)
 
@@ -123,7 +126,7 @@ class Plan:
         return f"(({cond}) ? {a} : {b})"
 
     def zero(self, t: Term) -> str:
-        return literal(0.0, self.target, t.meta.dtype != "f64")
+        return literal(0 if t.meta.dtype in INTS else 0.0, self.target, t.meta.dtype != "f64")
 
     # ------------------------------------------------------------- the plan
     def value(self, t: Term, point: Point) -> str:
@@ -142,6 +145,8 @@ class Plan:
     def _compute(self, t: Term, point: Point, size: tuple[int, ...]) -> str:
         if t.op == "arg":
             return self._load(t, point, size)
+        if t.op == "constant_pad_nd":
+            return self._pad(t, point)
         if t.op in MOVES:
             rank = t.meta.rank
             j = t.attr("dim") % rank + len(self.shape) - rank
@@ -154,11 +159,11 @@ class Plan:
                 return self._cat(t, point, j)
             return self._scatter(t, point, j, size)
         operands = {a: self.value(a, point) for a in t.args if a.op != "const"}
-        return self._statement(value_expr(t, operands, self.target, self.table))
+        return self._statement(value_expr(t, operands, self.target, self.table), t)
 
-    def _statement(self, expr: str) -> str:
+    def _statement(self, expr: str, t: Term) -> str:
         name = f"t{len(self.stmts)}"
-        self.stmts.append((name, expr))
+        self.stmts.append((name, expr, t.meta.dtype))
         return name
 
     def _reach(self, j: int, c: Coord, size: int) -> tuple[int, int]:
@@ -187,7 +192,7 @@ class Plan:
         expr = values[-1]
         for (_, off, n), val in zip(reversed(live[:-1]), reversed(values[:-1]), strict=True):
             expr = self.select(f"{self.pos(j)} < {off + n - v}", val, expr)
-        return self._statement(expr)
+        return self._statement(expr, t)
 
     def _scatter(self, t: Term, point: Point, j: int, size: tuple[int, ...]) -> str:
         """slice_scatter(base, src, ...): src inside [start, end) along the dim, base
@@ -207,7 +212,35 @@ class Plan:
         v = point[j][1]
         conds = ([f"{self.pos(j)} >= {start - v}"] if start > lo else []) + \
             ([f"{self.pos(j)} < {end - v}"] if end < hi else [])
-        return self._statement(self.select(self.both(conds), value, base()))
+        return self._statement(self.select(self.both(conds), value, base()), t)
+
+    def _pad(self, t: Term, point: Point) -> str:
+        """constant_pad_nd(x, pad, value): x at the element's index less the padding
+        before it, where that lies inside x; `value` elsewhere."""
+        src, rank = t.args[0], len(self.shape)
+        value = t.attr("value")
+        fill = literal(int(value) if t.meta.dtype in INTS else float(value), self.target,
+                       t.meta.dtype != "f64")
+        size = aligned_shape(t, rank)
+        conds, at = [], point
+        for d, (before, _) in enumerate(pad_widths(t)):
+            j = d + rank - t.meta.rank
+            n = aligned_shape(src, rank)[j]
+            at = _moved(at, j, -before)
+            lo, hi = self._reach(j, point[j], size[j])
+            if lo >= before + n or hi <= before:
+                return fill  # no element of the kernel reads x here
+            if point[j][0]:
+                continue  # one coordinate, inside x
+            v = point[j][1]
+            if lo < before:
+                conds.append(f"{self.pos(j)} >= {before - v}")
+            if hi > before + n:
+                conds.append(f"{self.pos(j)} < {before + n - v}")
+        inside = self.value(src, at)
+        if not conds:
+            return inside
+        return self._statement(self.select(self.both(conds), inside, fill), t)
 
     def _load(self, t: Term, point: Point, size: tuple[int, ...]) -> str:
         k = t.attr("index")
@@ -276,7 +309,7 @@ def triton_parts(spec: KernelSpec, table: OpTable) -> tuple[list[str], list[str]
         if "pos" not in off:  # one element for every lane: still a block, as the mask is
             off = f"{off} + 0 * offs"
         lines.append(triton_load(spec, load.k, off, mask, load.name))
-    return lines, [f"{n} = {e}" for n, e in plan.stmts], plan.outputs
+    return lines, [f"{n} = {e}" for n, e, _ in plan.stmts], plan.outputs
 
 
 # ------------------------------------------------------------------------- OpenMP
@@ -330,9 +363,9 @@ def cpp_parts(spec: KernelSpec, table: OpTable) -> CppParts:
             off = base if along == "0" else f"{base} + {along}"
             if conds:  # outside its input the load reads element 0, which nothing uses
                 off = f"({plan.both(conds)}) ? ({off}) : 0"
-            lines.append(f"const {cpp_load_type(inp.dtype, ctype)} {load.name} = "
+            lines.append(f"const {cpp_value_type(inp.dtype, ctype)} {load.name} = "
                          f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
-        lines += [f"const {ctype} {n} = {e};" for n, e in plan.stmts]
+        lines += [f"const {cpp_value_type(d, ctype)} {n} = {e};" for n, e, d in plan.stmts]
         loops.append(lines)
     strided = sorted({load.k for load in plan.loads if load.size[plan.perm[last]] != 1})
     unit_stride = " && ".join(f"{spec.inputs[k].name}_stride{last} == 1" for k in strided)

@@ -31,6 +31,7 @@ import sympy
 
 from ..engine.fuse import (
     FLOATS,
+    INTS,
     MATMULS,
     RESHAPES,
     ROW_REDUCTIONS,
@@ -68,10 +69,15 @@ static inline uint16_t rw_to_bf16(float f) {
 }
 static inline float rw_round_bf16(float x) { return rw_from_bf16(rw_to_bf16(x)); }"""
 
-# Integer tensors enter kernels only as operands of comparisons (class indices
-# against column positions: nll_loss, frontend/decompositions.py); they load as
-# they are, never as floats (exact past 2**24), and no kernel computes one.
-INTS = ("i64", "i32")
+# Integer values (engine/fuse.py: INTS) load as they are, never as floats (exact
+# past 2**24), and kernels compute them in their own dtype, as ATen does: these
+# ops of integers of one dtype and int constants (a loss's labels shifted and
+# masked, a step counter), comparisons of them (class indices against column
+# positions: nll_loss, frontend/decompositions.py), casts to and from them, and
+# the indexed ops (copies). Integer division, remainders, shifts and sums stay
+# with ATen.
+INT_OPS = ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "masked_fill",
+           "clone")
 
 
 def load_cast(dtype: str, compute: str) -> str:
@@ -80,8 +86,8 @@ def load_cast(dtype: str, compute: str) -> str:
     return "" if dtype == "b8" or dtype in INTS else f".to({compute})"
 
 
-def cpp_load_type(dtype: str, ctype: str) -> str:
-    """The C++ type an input of `dtype` loads into: the compute type, or the
+def cpp_value_type(dtype: str, ctype: str) -> str:
+    """The C++ type a value of `dtype` lives in: the compute type `ctype`, or the
     integer's own."""
     return CPP_DTYPES[dtype] if dtype in INTS else ctype
 
@@ -111,7 +117,7 @@ def aligned_shape(t: Term, rank: int) -> tuple[Any, ...]:
 # Ops that read an operand at other positions (the op table's `indexed` category),
 # which pointwise kernels compute (kinds/indexed.py), and the views among them: a
 # `slice` joins a pointwise kernel that holds one of the others (kinds/pointwise.py).
-INDEXED_OPS = ("cat", "slice_scatter", "slice_backward")
+INDEXED_OPS = ("cat", "slice_scatter", "slice_backward", "constant_pad_nd")
 MOVES = (*INDEXED_OPS, "slice")
 
 
@@ -122,6 +128,8 @@ def _indexed_computable(t: Term) -> bool:
     if not all(a.meta.kind == "tensor" and static_shape(a.meta.shape) for a in t.args) \
             or not static_shape(t.meta.shape):
         return False
+    if t.op == "constant_pad_nd":
+        return _pad_computable(t)
     dim, rank = t.attr("dim"), t.meta.rank
     if not isinstance(dim, int) or isinstance(dim, bool) or not -rank <= dim < rank:
         return False
@@ -140,6 +148,29 @@ def _indexed_computable(t: Term) -> bool:
         return tuple(t.attr("input_sizes")) == tuple(t.meta.shape) \
             and t.args[0].meta.rank == rank
     return t.op == "slice"
+
+
+def pad_widths(t: Term) -> list[tuple[int, int]]:
+    """A constant_pad_nd's (before, after) per dim, outermost first, 0s where it
+    pads nothing (its `pad` lists them from the last dim back; negative: a crop)."""
+    pad = list(t.attr("pad"))
+    pairs = [(pad[k], pad[k + 1]) for k in range(0, len(pad), 2)]
+    return [(0, 0)] * (t.meta.rank - len(pairs)) + pairs[::-1]
+
+
+def _pad_computable(t: Term) -> bool:
+    """constant_pad_nd as ATen computes it: int pads, at most two a dim, and a fill
+    value the tensor's dtype holds exactly (an integer for an integer tensor)."""
+    pad, value, src = t.attr("pad"), t.attr("value"), t.args[0]
+    if not isinstance(pad, tuple | list) or len(pad) % 2 or len(pad) > 2 * t.meta.rank \
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in pad) \
+            or src.meta.rank != t.meta.rank:
+        return False
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    if t.meta.dtype in INTS:
+        return math.isfinite(value) and float(value).is_integer()
+    return _exact(value, t.meta.dtype)
 
 
 def spec_of(term: Term, index: int, kind: str,
@@ -344,10 +375,16 @@ def literal(value: Any, target: str, single: bool = True) -> str:
 def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> str:
     """The expression computing `t` from its operands' names."""
     if t.op == "to":
-        # Values live in the compute dtype; a cast to a narrower float rounds.
+        # Values live in the compute dtype (integers in their own); a cast to a
+        # narrower float rounds, one to an integer truncates, as C++'s does.
         x = _operand(t.args[0], names, target, True)
-        dtype = t.attr("dtype")
-        if t.args[0].meta.dtype == "b8":  # a mask as a number: 0.0 or 1.0
+        dtype, src = t.attr("dtype"), t.args[0].meta.dtype
+        if dtype in INTS:
+            return f"{x}.to({TRITON_DTYPES[dtype]})" if target == "triton" \
+                else f"(({CPP_DTYPES[dtype]})({x}))"
+        if src in INTS:  # rounded to float32 first, as ATen converts an integer
+            x = f"{x}.to(tl.float32)" if target == "triton" else f"((float)({x}))"
+        if src == "b8":  # a mask as a number: 0.0 or 1.0
             return f"{x}.to(tl.float32)" if target == "triton" else f"({x} ? 1.0 : 0.0)"
         if dtype in ("f16", "bf16") and target == "triton":
             return f"{x}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
@@ -394,18 +431,20 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     if info is None or t.meta.kind != "tensor":
         return False
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
-    if t.meta.dtype not in dtypes or t.meta.dtype in INTS or (
-            t.meta.dtype == "b8" and t.op not in BOOL_OPS):
+    if t.meta.dtype not in dtypes or (t.meta.dtype in INTS and t.op not in (
+            *INT_OPS, *MOVES, "to")) or (t.meta.dtype == "b8" and t.op not in BOOL_OPS):
         return False
     if t.op == "to":
-        # A float-to-float or bool-to-float cast, nothing else (no device, layout or
-        # format change; the front end writes attributes that change nothing as None:
-        # aten/convert.py, _plain_cast).
+        # A cast between floats, from a bool to a float or an integer, and between
+        # integers and floats, nothing else (no device, layout or format change; the
+        # front end writes attributes that change nothing as None: aten/convert.py,
+        # _plain_cast).
         src = t.args[0]
         others = [k for k, v in t.attrs if k != "dtype" and v not in (None, False)]
         narrow = ("f32", "f16", "bf16")  # f64 <-> f32 would need its own rounding
-        to = (*narrow, "f64") if src.meta.dtype == "b8" else narrow
-        return (src.meta.kind == "tensor" and src.meta.dtype in (*narrow, "b8")
+        to = (*narrow, *INTS) if src.meta.dtype in (*narrow, *INTS) else \
+            (*narrow, "f64", *INTS)
+        return (src.meta.kind == "tensor" and src.meta.dtype in (*narrow, "b8", *INTS)
                 and t.attr("dtype") in to and t.attr("dtype") in dtypes
                 and src.meta.dtype in dtypes and not others and on_device(t, target))
     if t.op == "attention":
@@ -423,8 +462,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS
     if t.op in MOVES:
         # copies of values, at other positions: in pointwise kernels (kinds/indexed.py)
-        return t.meta.dtype in FLOATS and _indexed_computable(t) and on_device(t, target) \
-            and all(_operand_ok(t, a, dtypes) for a in t.args)
+        return (t.meta.dtype in FLOATS or t.meta.dtype in INTS) and _indexed_computable(t) \
+            and on_device(t, target) and all(_operand_ok(t, a, dtypes) for a in t.args)
     if t.op in ROW_REDUCTIONS:
         pass  # engine/fuse.py checks the reduction's dims; the template renders it
     elif (info.triton if target == "triton" else info.cpp) is None:
@@ -436,6 +475,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
             continue  # a layout, not a value: the launcher gives the output the root's strides
         if k in info.attrs and not isinstance(v, bool | int | float) and v is not None:
             return False
+        if k in info.attrs and t.meta.dtype in INTS and isinstance(v, float):
+            return False  # an integer op's alpha or fill value is an integer
         exprs = (info.triton or "") + (info.cpp or "")
         if k in info.attrs and v is None and ("{" + k + "}") in exprs:
             return False
@@ -463,16 +504,25 @@ def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
     if a.op == "const":
         if not isinstance(a.value, bool | int | float):
             return False
+        if t.meta.dtype in INTS and not (isinstance(a.value, int)
+                                         and not isinstance(a.value, bool)):
+            return False
         # ATen compares a half tensor with a number rounded to the tensor's dtype
         return t.op not in COMPARISONS or _exact(a.value, t.args[0].meta.dtype)
     if a.meta.kind != "tensor" or a.meta.dtype not in dtypes:
         return False
     if a.meta.dtype == "b8":
         return t.op in ("where", "masked_fill", "to", *LOGICAL)
-    if a.meta.dtype in INTS:  # compared with integers of its dtype, or int constants
-        return t.op in COMPARISONS and all(
-            (isinstance(b.value, int) and not isinstance(b.value, bool)) if b.op == "const"
-            else b.meta.dtype == a.meta.dtype for b in t.args)
+    if a.meta.dtype in INTS:
+        # compared with, or combined with, integers of its dtype and int constants
+        if t.op == "to":
+            return True
+        if t.op not in COMPARISONS and t.meta.dtype != a.meta.dtype:
+            return False
+        return all((isinstance(b.value, int) and not isinstance(b.value, bool))
+                   if b.op == "const" else b.meta.dtype == a.meta.dtype or (
+                       b.meta.dtype == "b8" and t.op in ("where", "masked_fill"))
+                   for b in t.args)
     if a.meta.dtype not in FLOATS:
         return False
     if t.meta.dtype == "b8":
@@ -610,7 +660,10 @@ def triton_params(spec: KernelSpec, extent: str) -> list[str]:
 
 
 def cpp_statement(t: Term, names: dict[Term, str], ctype: str, table: OpTable) -> str:
-    return f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
+    """`t`'s C++ statement: a variable of the compute type `ctype`, or of its integer
+    dtype."""
+    return f"const {cpp_value_type(t.meta.dtype, ctype)} {names[t]} = " \
+        f"{value_expr(t, names, 'cpp', table)};"
 
 
 def cpp_params(spec: KernelSpec, extent: str) -> list[str]:

@@ -12,7 +12,7 @@ loads and statements, for the same templates.
 
 from __future__ import annotations
 
-from ..engine.fuse import ROW_REDUCTIONS, FLOATS, broadcasts, kernel_value
+from ..engine.fuse import ROW_REDUCTIONS, broadcasts, kernel_value
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from . import indexed
@@ -22,7 +22,7 @@ from .kernels import (
     MOVES,
     aligned_shape,
     check_template,
-    cpp_load_type,
+    cpp_value_type,
     cpp_params,
     cpp_read,
     cpp_write,
@@ -47,36 +47,38 @@ class PointwiseSpace:
     """One loop over the output's elements: every member has the root's shape, or
     one that broadcasts to it (a per-channel value, recomputed per element: its
     operands are read through the broadcast, as the kernel's inputs are). A
-    float member of the root's shape may be a side output: it is stored where the
-    root is, element by element (a broadcast one has no such place, a bool mask
-    no float to store: those stay outside when something else reads them).
+    member of the root's shape may be a side output (a float, an integer or a bool
+    mask): it is stored where the root is, element by element (a broadcast one has
+    no such place: it stays outside when something else reads it).
     Indexed ops (kinds/indexed.py) join over a static shape, and so do what they
     read, whatever its shape (a cat's pieces); of the views, only a slice, and only
-    once the group holds an indexed op (`indexed`): a kernel without one keeps
-    reading a slice of its input as the view it is."""
+    once the group holds an indexed op (`indexed`) or of one (a padded tensor's
+    shifted part): a kernel without one keeps reading a slice of its input as the
+    view it is."""
 
     side_outputs = True
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
-        self.root = root
         self.indexed = False
 
     def fits(self, t: Term) -> bool:
-        if not kernel_value(t, self.root) or t.op in ROW_REDUCTIONS:
+        if not kernel_value(t) or t.op in ROW_REDUCTIONS:
             return False
         if t.op in MOVES or not broadcasts(tuple(t.meta.shape), self.shape):
             # what a cat reads, at other positions: computed values (pointwise, indexed)
             # and slices; no other view (a reshape has no point-for-point reading)
             if t.op not in MOVES and default_op_table().category(t.op) == "view":
                 return False
-            ok = indexed.fits(t, self.shape) and (t.op != "slice" or self.indexed)
+            # a slice of an indexed op (a padded tensor's shifted part) reads it there
+            ok = indexed.fits(t, self.shape) and (t.op != "slice" or self.indexed
+                                                  or t.args[0].op in INDEXED_OPS)
             self.indexed |= ok and t.op in INDEXED_OPS
             return ok
         return default_op_table().category(t.op) != "view"
 
     def can_output(self, t: Term) -> bool:
-        return t.meta.dtype in FLOATS and tuple(t.meta.shape) == self.shape \
+        return kernel_value(t) and tuple(t.meta.shape) == self.shape \
             and t.op != "slice"  # a view: its users read it where it lies
 
 
@@ -136,7 +138,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
     def load(inp: KInput, idx: int) -> str:
         off = "i" if inp.flat else print_index(strided_offset(spec.rank, inp.name, "i"), "cpp")
-        return f"const {cpp_load_type(inp.dtype, ctype)} x{idx} = " \
+        return f"const {cpp_value_type(inp.dtype, ctype)} x{idx} = " \
             f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};"
 
     strided = [inp for inp in spec.inputs if not inp.flat]
@@ -156,7 +158,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
         # being W, or H and W merged: runtime/launch.py) is one value a row: loaded
         # once, before the loop, where `c * stride` would gather it at stride 0.
         constant = _row_constant(spec)
-        row_lines += [f"const {cpp_load_type(inp.dtype, ctype)} x{k} = "
+        row_lines += [f"const {cpp_value_type(inp.dtype, ctype)} x{k} = "
                       + cpp_read(inp.dtype, f"{inp.name}_ptr[{inp.name}_base]") + ";"
                       for k, inp in enumerate(spec.inputs) if k in constant]
         # The loop comes twice: with `c * stride` along the row (gathers) and, when
@@ -168,7 +170,7 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
 
         def row_loads(step: str) -> list[str]:
             """Loads at column c, `step` (with {name}) apart in strided inputs."""
-            return [f"const {cpp_load_type(inp.dtype, ctype)} x{k} = " + cpp_read(
+            return [f"const {cpp_value_type(inp.dtype, ctype)} x{k} = " + cpp_read(
                 inp.dtype, f"{inp.name}_ptr[" + (
                     "i" if inp.flat else f"{inp.name}_base + " + step.format(name=inp.name))
                 + "]") + ";" for k, inp in enumerate(spec.inputs) if k not in constant]

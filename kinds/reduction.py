@@ -26,7 +26,14 @@ from typing import Any
 
 import sympy
 
-from ..engine.fuse import FLOATS, ROW_REDUCTIONS, body_terms, kernel_outputs, reduced_dims
+from ..engine.fuse import (
+    FLOATS,
+    ROW_REDUCTIONS,
+    body_terms,
+    kernel_outputs,
+    kernel_value,
+    reduced_dims,
+)
 from ..engine.ops import OpTable, default_op_table
 from ..engine.term import Term
 from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator, cpp_accumulator
@@ -35,8 +42,9 @@ from .kernels import (
     TRITON_DTYPES,
     _contiguous,
     _key,
-    cpp_load_type,
     cpp_read,
+    cpp_statement,
+    cpp_value_type,
     cpp_write,
     kernel_header,
     load_cast,
@@ -268,26 +276,24 @@ def _render_cpp(spec: KernelSpec, table: OpTable, simd_decls: tuple[str, ...]) -
         phases = spec.meta["phases"][i]
         if "in" in phases:
             off = _offsets(spec, i, "in", "o", "r", "cpp")
-            loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+            loads.append(f"const {cpp_value_type(inp.dtype, ctype)} x{i} = "
                          f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
         if "out" in phases:
             off = _offsets(spec, i, "out", "o", "", "cpp")
-            epi_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+            epi_loads.append(f"const {cpp_value_type(inp.dtype, ctype)} x{i} = "
                              f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
-    body = loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
-                    for t in pro]
+    body = loads + [cpp_statement(t, names, ctype, table) for t in pro]
     accs = [cpp_accumulator(t.op, f"{names[t]}_acc", ctype) for t in red]
     update = [line for a, t in zip(accs, red, strict=True) for line in a.update(names[t.args[0]])]
     finish = [line for a, t in zip(accs, red, strict=True)
               for line in a.finish(names[t], "n_red" if t.op == "mean" else None)]
-    epilogue = epi_loads + [f"const {ctype} {names[t]} = {value_expr(t, names, 'cpp', table)};"
-                            for t in epi]
+    epilogue = epi_loads + [cpp_statement(t, names, ctype, table) for t in epi]
     columns = _cpp_columns(spec, accs)
     col_loads = []
     if columns:
         for i, inp in enumerate(spec.inputs):
             if "in" in spec.meta["phases"][i]:
-                col_loads.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = " + cpp_read(
+                col_loads.append(f"const {cpp_value_type(inp.dtype, ctype)} x{i} = " + cpp_read(
                     inp.dtype, f"{inp.name}_ptr[{_unit_offset(spec, i)}]") + ";")
 
     runs = _cpp_runs(spec, ctype)
@@ -346,7 +352,7 @@ def _cpp_runs(spec: KernelSpec, ctype: str) -> dict[str, Any] | None:
             inp = spec.inputs[i]
             off = f"b{i} + " + step.format(name=inp.name) if i in strided else \
                 _offsets(spec, i, "in", "o", "r", "cpp")
-            out.append(f"const {cpp_load_type(inp.dtype, ctype)} x{i} = "
+            out.append(f"const {cpp_value_type(inp.dtype, ctype)} x{i} = "
                        f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};")
         return out
 
@@ -422,7 +428,8 @@ class ReductionSpace:
         self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
 
     def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS:
+        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS and (
+                t.op in ROW_REDUCTIONS or not kernel_value(t)):
             return False
         shape = tuple(t.meta.shape)
         if t.op in ROW_REDUCTIONS:

@@ -20,7 +20,7 @@ from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .kernels import (
     CPP_DTYPES,
     check_template,
-    cpp_load_type,
+    cpp_value_type,
     cpp_params,
     cpp_read,
     cpp_write,
@@ -58,7 +58,6 @@ class RowSpace:
         self.dim = reduced_dim(root)
         src = root.args[0] if self.dim is not None else root
         self.shape = tuple(src.meta.shape)
-        self.root = root
 
     def per_row(self) -> tuple[Any, ...] | None:
         if self.dim is None:
@@ -66,7 +65,7 @@ class RowSpace:
         return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
 
     def fits(self, t: Term) -> bool:
-        if not kernel_value(t, self.root) or not self.shape:
+        if not kernel_value(t) or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
             d = reduced_dim(t)
@@ -203,7 +202,7 @@ class _CppRow:
             off = "r * n_cols + c" if inp.flat else (
                 f"{print_index(strided_offset(spec.rank, inp.name, 'r', True), 'cpp')} "
                 f"+ c * {inp.name}_stride{spec.rank - 1}")
-        return f"const {cpp_load_type(inp.dtype, self.ctype)} x{idx} = " \
+        return f"const {cpp_value_type(inp.dtype, self.ctype)} x{idx} = " \
             f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};"
 
     def needed(self, targets: list[Term], known: frozenset[Term] = frozenset()) -> list[Term]:
@@ -224,7 +223,8 @@ class _CppRow:
         first), and the terms they compute."""
         terms = self.needed(targets, frozenset(self.stored))
         reach = {a for t in [*targets, *terms] for a in (t, *t.args)}
-        out = [f"const {self.ctype} {self.names[t]} = {self.stored[t]}[r * n_cols + c];"
+        out = [f"const {cpp_value_type(t.meta.dtype, self.ctype)} {self.names[t]} = "
+               f"{self.stored[t]}[r * n_cols + c];"
                for t in self.spec.body if t in self.stored and (t in reach or t is self.kept)]
         for t in terms:
             if t.op == "arg":

@@ -63,9 +63,9 @@ def test_two_numbers_keep_the_tensors_dtype(dtype) -> None:
 
 
 def test_a_where_outside_kernels_reads_the_number() -> None:
-    """No kernel takes it (kernels compute no integers): ATen's where.ScalarOther
+    """No kernel takes it (kernels compute no int16): ATen's where.ScalarOther
     runs it, with the number, not a 0-dim tensor."""
-    x, m = torch.randint(-9, 9, (6, 5)), torch.rand(6, 5) > 0.5
+    x, m = torch.randint(-9, 9, (6, 5), dtype=torch.int16), torch.rand(6, 5) > 0.5
     got, outside, kernels = _compiled(lambda a, b: torch.where(b, a, 0), x, m)
     torch.testing.assert_close(got, torch.where(m, x, 0))
     assert kernels == 0 and outside == Counter({"where": 1})
