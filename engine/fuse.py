@@ -125,6 +125,13 @@ FLOATS = ("f32", "f16", "bf16", "f64")
 INTS = ("i64", "i32")
 
 
+def counts(t: Term) -> bool:
+    """A sum of a bool mask: an integer count (a loss's number of kept labels). A
+    kernel holding one computes in f64 (kinds/spec.py: compute), exact to 2**53."""
+    return t.op == "sum" and t.meta.dtype in INTS and bool(t.args) \
+        and t.args[0].meta.dtype == "b8" and t.attr("dtype") is None
+
+
 def kernel_value(t: Term) -> bool:
     """A tensor a kernel computes in: a float, an integer (kinds/kernels.py:
     INT_OPS) or a bool mask (a comparison, read by a `where` or written out)."""

@@ -36,6 +36,7 @@ from ..engine.fuse import (
     RESHAPES,
     ROW_REDUCTIONS,
     body_terms,
+    counts,
     kernel_outputs,
     static_shape,
 )
@@ -74,8 +75,8 @@ static inline float rw_round_bf16(float x) { return rw_from_bf16(rw_to_bf16(x));
 # ops of integers of one dtype and int constants (a loss's labels shifted and
 # masked, a step counter), comparisons of them (class indices against column
 # positions: nll_loss, frontend/decompositions.py), casts to and from them, and
-# the indexed ops (copies). Integer division, remainders, shifts and sums stay
-# with ATen.
+# the indexed ops (copies); a sum of a mask is a count (engine/fuse.py: counts).
+# Integer division, remainders, shifts and other integer sums stay with ATen.
 INT_OPS = ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "masked_fill",
            "clone")
 
@@ -432,7 +433,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return False
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
     if t.meta.dtype not in dtypes or (t.meta.dtype in INTS and t.op not in (
-            *INT_OPS, *MOVES, "to")) or (t.meta.dtype == "b8" and t.op not in BOOL_OPS):
+            *INT_OPS, *MOVES, "to") and not counts(t)) or (
+            t.meta.dtype == "b8" and t.op not in BOOL_OPS):
         return False
     if t.op == "to":
         # A cast between floats, from a bool to a float or an integer, and between
@@ -512,7 +514,7 @@ def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
     if a.meta.kind != "tensor" or a.meta.dtype not in dtypes:
         return False
     if a.meta.dtype == "b8":
-        return t.op in ("where", "masked_fill", "to", *LOGICAL)
+        return t.op in ("where", "masked_fill", "to", *LOGICAL) or counts(t)
     if a.meta.dtype in INTS:
         # compared with, or combined with, integers of its dtype and int constants
         if t.op == "to":

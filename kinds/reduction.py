@@ -28,8 +28,10 @@ import sympy
 
 from ..engine.fuse import (
     FLOATS,
+    INTS,
     ROW_REDUCTIONS,
     body_terms,
+    counts,
     kernel_outputs,
     kernel_value,
     reduced_dims,
@@ -429,7 +431,7 @@ class ReductionSpace:
 
     def fits(self, t: Term) -> bool:
         if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS and (
-                t.op in ROW_REDUCTIONS or not kernel_value(t)):
+                (t.op in ROW_REDUCTIONS and not counts(t)) or not kernel_value(t)):
             return False
         shape = tuple(t.meta.shape)
         if t.op in ROW_REDUCTIONS:
@@ -443,7 +445,7 @@ class ReductionSpace:
         return shape == self.out_shape or shape == self.in_shape
 
     def can_output(self, t: Term) -> bool:
-        return t.meta.kind == "tensor" and t.meta.dtype in FLOATS \
+        return t.meta.kind == "tensor" and (t.meta.dtype in FLOATS or t.meta.dtype in INTS) \
             and tuple(t.meta.shape) == self.out_shape
 
     def admits(self, t: Term, members: set[Term]) -> bool:

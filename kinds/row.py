@@ -68,6 +68,8 @@ class RowSpace:
         if not kernel_value(t) or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
+            if t.meta.dtype not in FLOATS:
+                return False  # a count: the reduction kind's (in f64)
             d = reduced_dim(t)
             if d is None or tuple(t.args[0].meta.shape) != self.shape:
                 return False

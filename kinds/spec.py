@@ -110,11 +110,14 @@ class KernelSpec:
 
     @property
     def compute(self) -> str:
-        """The dtype kernel arithmetic runs in: f64 if anything is f64, else f32."""
+        """The dtype kernel arithmetic runs in: f64 if anything is f64 or a count
+        (a sum of a mask, exact in f64), else f32."""
         if self.compute_dtype is not None:
             return self.compute_dtype
+        from ..engine.fuse import counts  # a spec made for launching never gets here
+
         dtypes = {t.meta.dtype for t in self.body if t.op != "const"}
-        return "f64" if "f64" in dtypes else "f32"
+        return "f64" if "f64" in dtypes or any(counts(t) for t in self.body) else "f32"
 
     def for_launch(self) -> KernelSpec:
         """This spec without its terms: what launching needs, and all a cache stores.

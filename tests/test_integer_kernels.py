@@ -3,7 +3,7 @@ kernel_value): integer arithmetic in the integer's own dtype (exact past 2**24,
 wrapping as ATen's does), casts between integers, bools and floats, constant_pad_nd
 (kinds/indexed.py), and masks written out. Against eager on several shapes, strides
 and dtypes; what kernels do not compute (integer division, sums of integers, int16)
-still runs through ATen."""
+still runs through ATen. Counts (sums of masks) are computed in f64."""
 
 from __future__ import annotations
 
@@ -190,7 +190,8 @@ def test_batch_norm_step_counter_runs_in_a_kernel(target) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_what_kernels_do_not_compute_stays_with_aten(target) -> None:
-    """Integer division, remainders, sums of integers and int16: ATen, right."""
+    """Integer division, remainders, sums of integers (not of masks) and int16:
+    ATen, right."""
     x = torch.randint(-50, 50, (4, 6), device=DEVICE)
     s = torch.randint(-50, 50, (4, 6), device=DEVICE, dtype=torch.int16)
 
@@ -201,3 +202,31 @@ def test_what_kernels_do_not_compute_stays_with_aten(target) -> None:
     for op in ("div", "remainder", "sum"):
         assert sum(v for k, v in outside.items() if k.startswith(op)) >= 1, outside
     assert outside["add"] >= 1, outside  # the int16 one
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dims", [None, 1, (0, 2)], ids=str)
+def test_counts_of_masks_are_exact_in_kernels(target, dims) -> None:
+    """sum of a bool mask (an int64 count) is a reduction computed in f64, exact;
+    with the masked sum beside it (a loss's mean over kept labels) one kernel."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 50, 7, device=DEVICE)
+
+    def fn(x):
+        keep = x > -0.3
+        n = keep.sum() if dims is None else keep.sum(dims)
+        total = torch.where(keep, x, 0.0).sum() if dims is None else \
+            torch.where(keep, x, 0.0).sum(dims)
+        return n, total / n.to(torch.float32), n + 1
+
+    outside, kernels = _run(fn, [x], target, exact=False)
+    assert not outside, outside
+
+
+@pytest.mark.skipif(INTERPRETED and "openmp" not in TARGETS, reason="2**24 elements")
+def test_a_count_past_float32_is_exact() -> None:
+    """2**24 + 3 kept elements: float32 would give 2**24 + 4."""
+    target = "openmp" if "openmp" in TARGETS else "triton"
+    m = torch.ones(2 ** 24 + 3, device=DEVICE, dtype=torch.bool)
+    outside, _ = _run(lambda m: (m & m).sum(), [m], target)
+    assert not outside, outside
