@@ -251,7 +251,9 @@ def _table_term(node: torch.fx.Node, target: torch._ops.OpOverload,
     `_reads_a_number` and one of the op's ATen overloads take them."""
     namespace, _, base = target._schema.name.rpartition("::")
     name = f"{base}.{target._overloadname}"
-    info = bridge.table.by_aten.get(name if namespace == "aten" else f"{namespace}::{name}")
+    if namespace != "aten":
+        name = f"{namespace}::{name}"
+    info = bridge.table.by_aten.get(name)
     if info is None:
         return None
     schema_args = target._schema.arguments
@@ -329,7 +331,7 @@ def _list_term(info: OpInfo, schema_args: list[Any], bound: dict[str, Any],
 
 def _in_table_order(operands: list[Term], order: tuple[int, ...]) -> list[Term]:
     """An overload's operands (schema order) in the op table's order."""
-    ordered: list[Term] = [operands[0]] * len(operands)
+    ordered: list[Term] = operands[:1] * len(operands)
     for k, term in enumerate(operands):
         ordered[order[k]] = term
     return ordered

@@ -15,6 +15,7 @@ import torch._decomp
 from torch._decomp import core_aten_decompositions
 
 from ..aten.bridge import overload
+from ..aten.iota import iota
 from ..engine.errors import RewritecError
 from ..options import Options
 from ..rulesets import builtin_op_table, op_table_for
@@ -151,8 +152,9 @@ def _one_hot_plain(self: torch.Tensor, target: torch.Tensor, weight: Any) -> boo
 
 def _column_hits(self: torch.Tensor, safe_target: torch.Tensor) -> torch.Tensor:
     """[N, C] bool: column c of row n is row n's target."""
-    columns = torch.arange(self.shape[1], device=self.device, dtype=safe_target.dtype)
-    return columns.unsqueeze(0) == safe_target.unsqueeze(1)
+    # positions a row kernel computes from its column index (aten/iota.py)
+    columns = iota([1, self.shape[1]], 1, safe_target.dtype, self.device)
+    return columns == safe_target.unsqueeze(1)
 
 
 def _nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: Any, reduction: int,

@@ -433,7 +433,7 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return False
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
     if t.meta.dtype not in dtypes or (t.meta.dtype in INTS and t.op not in (
-            *INT_OPS, *MOVES, "to") and not counts(t)) or (
+            *INT_OPS, *MOVES, "to", "iota") and not counts(t)) or (
             t.meta.dtype == "b8" and t.op not in BOOL_OPS):
         return False
     if t.op == "to":
@@ -449,6 +449,10 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         return (src.meta.kind == "tensor" and src.meta.dtype in (*narrow, "b8", *INTS)
                 and t.attr("dtype") in to and t.attr("dtype") in dtypes
                 and src.meta.dtype in dtypes and not others and on_device(t, target))
+    if t.op == "iota":
+        # computed from a row kernel's column index (kinds/row.py: RowSpace)
+        return all(isinstance(t.attr(k), int) and not isinstance(t.attr(k), bool)
+                   for k in ("start", "step", "dim")) and on_device(t, target)
     if t.op == "attention":
         # templates/triton/attention.py.j2; on the CPU attention runs as its ATen ops
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS \

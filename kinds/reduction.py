@@ -430,7 +430,7 @@ class ReductionSpace:
         self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
 
     def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.meta.dtype not in FLOATS and (
+        if t.meta.kind != "tensor" or t.op == "iota" or t.meta.dtype not in FLOATS and (
                 (t.op in ROW_REDUCTIONS and not counts(t)) or not kernel_value(t)):
             return False
         shape = tuple(t.meta.shape)

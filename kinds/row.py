@@ -77,6 +77,8 @@ class RowSpace:
                 self.dim = d  # the first reduction fixes the group's row dim
             return d == self.dim
         shape = tuple(t.meta.shape)
+        if t.op == "iota":  # positions along the row: the column index
+            return self._along_rows(t)
         if self.dim is None and len(shape) == len(self.shape):
             # A per-row value seen before any reduction fixes the row dim.
             ones = [k for k, (a, b) in enumerate(zip(shape, self.shape, strict=True))
@@ -84,6 +86,18 @@ class RowSpace:
             if len(ones) == 1 and shape[ones[0]] == 1:
                 self.dim = ones[0]
         return shape in (self.shape, self.per_row())
+
+    def _along_rows(self, t: Term) -> bool:
+        """An iota of the space's rank whose one long dim is the rows' (it fixes the
+        row dim if nothing has): each element's column index."""
+        rank, d = len(self.shape), t.attr("dim")
+        if t.meta.rank != rank or not isinstance(d, int) or not -rank <= d < rank:
+            return False
+        d %= rank
+        if self.dim is None:
+            self.dim = d
+        return d == self.dim and tuple(t.meta.shape) == tuple(
+            s if k == d else 1 for k, s in enumerate(self.shape))
 
     def can_output(self, t: Term) -> bool:
         return t.meta.dtype in FLOATS

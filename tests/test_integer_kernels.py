@@ -230,3 +230,24 @@ def test_a_count_past_float32_is_exact() -> None:
     m = torch.ones(2 ** 24 + 3, device=DEVICE, dtype=torch.bool)
     outside, _ = _run(lambda m: (m & m).sum(), [m], target)
     assert not outside, outside
+
+
+@pytest.mark.parametrize("target", [*TARGETS, "aten"])
+@pytest.mark.parametrize("classes", [40, 40000], ids=str)
+def test_class_positions_are_computed_by_the_row_kernel(target, classes) -> None:
+    """The cross entropy's class positions (rewritec::iota, aten/iota.py) come from
+    the row kernel's column index, in one pass over the row and in chunks (wide
+    rows); through ATen (target aten) the op's own arange gives them."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, classes, device=DEVICE, requires_grad=True)
+    labels = torch.randint(0, classes, (5,), device=DEVICE)
+    labels[1] = -100
+
+    def fn(logits, labels):
+        return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100)
+
+    outside, _ = _run(fn, [logits, labels], target, exact=False)
+    if target == "aten":
+        assert outside["rewritec::iota"] >= 1, outside
+    else:
+        assert not any("iota" in k or "arange" in k for k in outside), outside
