@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..aten import attention  # noqa: F401 - defines rewritec::attention, a program's op
+from ..aten import attention, iota  # noqa: F401 - define rewritec::*, a program's ops
 from ..aten.bridge import Bridge, Opaque, Slot
 from ..engine.errors import PackageError
 from ..engine.term import Term
@@ -48,7 +48,8 @@ from .namespace import namespace
 VARIABLE = re.compile(r"^[av][0-9]+$")
 KERNEL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 OP_NAME = re.compile(r"^(aten|prims|rewritec)::([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
-# The ops a program may call: ATen's, prims', and rewritec's own (aten/attention.py)
+# The ops a program may call: ATen's, prims', and rewritec's own (aten/attention.py,
+# aten/iota.py)
 OP_NAMESPACES = ("aten", "prims", "rewritec")
 # torch values a program names: which of torch's types each tag stands for
 TORCH_VALUES: dict[str, Any] = {"dtype": torch.dtype, "memory_format": torch.memory_format,

@@ -339,6 +339,16 @@ NEW_PROCESS_GRAPHS = {
         args, options = (x, w), {"strict": True, "target": "triton"}
         tol = {"rtol": 1e-4, "atol": 1e-4}
     """,
+    # a cross entropy: its row kernel computes rewritec::iota (aten/iota.py), which
+    # the loading process must define before it reads the graph
+    "cross_entropy": """
+        d = "cuda" if torch.cuda.is_available() else "cpu"
+        g = torch.Generator().manual_seed(0)
+        x, t = torch.randn(6, 50, generator=g).to(d), torch.randint(0, 50, (6,), generator=g).to(d)
+        f = lambda x, t: torch.nn.functional.cross_entropy(x, t, ignore_index=-100)
+        args, options = (x, t), {"strict": True, "target": "triton" if d == "cuda" else "openmp"}
+        tol = {"rtol": 1e-4, "atol": 1e-4}
+    """,
     # fuse-matmul's kernel (Triton; its interpreter on a CPU)
     "matmul": """
         d = "cuda" if torch.cuda.is_available() else "cpu"
