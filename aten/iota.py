@@ -22,8 +22,7 @@ _LIB.define("iota(SymInt[] shape, int dim, int start, int step, *, ScalarType dt
 def _iota(shape: list[int], dim: int, start: int, step: int, *, dtype: torch.dtype,
           device: torch.device) -> torch.Tensor:
     n = shape[dim]
-    return torch.arange(start, start + step * n, step, dtype=dtype, device=device)[:n] \
-        .reshape(shape)
+    return torch.arange(start, start + step * n, step, dtype=dtype, device=device).reshape(shape)
 
 
 @torch.library.register_fake("rewritec::iota")

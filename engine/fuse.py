@@ -134,8 +134,10 @@ def counts(t: Term) -> bool:
 
 def kernel_value(t: Term) -> bool:
     """A tensor a kernel computes in: a float, an integer (kinds/kernels.py:
-    INT_OPS) or a bool mask (a comparison, read by a `where` or written out)."""
-    return t.meta.kind == "tensor" and (
+    INT_OPS) or a bool mask (a comparison, read by a `where` or written out). Not
+    an iota: only a row kernel computes one, from its column index (kinds/row.py
+    takes it before asking this)."""
+    return t.meta.kind == "tensor" and t.op != "iota" and (
         t.meta.dtype in FLOATS or t.meta.dtype in INTS or t.meta.dtype == "b8")
 
 

@@ -110,6 +110,11 @@ class RenderError(Exception):
     """The group cannot be rendered by this target; it falls back to ATen."""
 
 
+def whole(v: Any) -> bool:
+    """An int and not a bool (a Python bool is an int): a dim, a pad, an integer."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def aligned_shape(t: Term, rank: int) -> tuple[Any, ...]:
     """`t`'s shape with leading 1s up to `rank` dims, as broadcasting aligns it."""
     return (1,) * (rank - t.meta.rank) + tuple(t.meta.shape)
@@ -132,7 +137,7 @@ def _indexed_computable(t: Term) -> bool:
     if t.op == "constant_pad_nd":
         return _pad_computable(t)
     dim, rank = t.attr("dim"), t.meta.rank
-    if not isinstance(dim, int) or isinstance(dim, bool) or not -rank <= dim < rank:
+    if not whole(dim) or not -rank <= dim < rank:
         return False
     if t.op == "cat":
         d = dim % rank
@@ -164,7 +169,7 @@ def _pad_computable(t: Term) -> bool:
     value the tensor's dtype holds exactly (an integer for an integer tensor)."""
     pad, value, src = t.attr("pad"), t.attr("value"), t.args[0]
     if not isinstance(pad, tuple | list) or len(pad) % 2 or len(pad) > 2 * t.meta.rank \
-            or not all(isinstance(p, int) and not isinstance(p, bool) for p in pad) \
+            or not all(whole(p) for p in pad) \
             or src.meta.rank != t.meta.rank:
         return False
     if not isinstance(value, int | float) or isinstance(value, bool):
@@ -451,8 +456,8 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
                 and src.meta.dtype in dtypes and not others and on_device(t, target))
     if t.op == "iota":
         # computed from a row kernel's column index (kinds/row.py: RowSpace)
-        return all(isinstance(t.attr(k), int) and not isinstance(t.attr(k), bool)
-                   for k in ("start", "step", "dim")) and on_device(t, target)
+        return t.meta.dtype in INTS and all(whole(t.attr(k)) for k in ("start", "step", "dim")) \
+            and on_device(t, target)
     if t.op == "attention":
         # templates/triton/attention.py.j2; on the CPU attention runs as its ATen ops
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS \
@@ -510,8 +515,7 @@ def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
     if a.op == "const":
         if not isinstance(a.value, bool | int | float):
             return False
-        if t.meta.dtype in INTS and not (isinstance(a.value, int)
-                                         and not isinstance(a.value, bool)):
+        if t.meta.dtype in INTS and not whole(a.value):
             return False
         # ATen compares a half tensor with a number rounded to the tensor's dtype
         return t.op not in COMPARISONS or _exact(a.value, t.args[0].meta.dtype)
@@ -525,8 +529,7 @@ def _operand_ok(t: Term, a: Term, dtypes: dict[str, str]) -> bool:
             return True
         if t.op not in COMPARISONS and t.meta.dtype != a.meta.dtype:
             return False
-        return all((isinstance(b.value, int) and not isinstance(b.value, bool))
-                   if b.op == "const" else b.meta.dtype == a.meta.dtype or (
+        return all(whole(b.value) if b.op == "const" else b.meta.dtype == a.meta.dtype or (
                        b.meta.dtype == "b8" and t.op in ("where", "masked_fill"))
                    for b in t.args)
     if a.meta.dtype not in FLOATS:

@@ -63,8 +63,8 @@ class PointwiseSpace:
         self.indexed = False
 
     def fits(self, t: Term) -> bool:
-        if not kernel_value(t) or t.op in ROW_REDUCTIONS or t.op == "iota":
-            return False  # an iota: a row kernel's column index only
+        if not kernel_value(t) or t.op in ROW_REDUCTIONS:
+            return False
         if t.op in MOVES or not broadcasts(tuple(t.meta.shape), self.shape):
             # what a cat reads, at other positions: computed values (pointwise, indexed)
             # and slices; no other view (a reshape has no point-for-point reading)

@@ -430,9 +430,10 @@ class ReductionSpace:
         self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
 
     def fits(self, t: Term) -> bool:
-        if t.meta.kind != "tensor" or t.op == "iota" or t.meta.dtype not in FLOATS and (
-                (t.op in ROW_REDUCTIONS and not counts(t)) or not kernel_value(t)):
+        if not kernel_value(t):
             return False
+        if t.op in ROW_REDUCTIONS and t.meta.dtype not in FLOATS and not counts(t):
+            return False  # integer sums but counts of masks stay with ATen
         shape = tuple(t.meta.shape)
         if t.op in ROW_REDUCTIONS:
             dims = reduced_dims(t)

@@ -36,6 +36,7 @@ from .kernels import (
     triton_params,
     triton_statement,
     triton_store,
+    whole,
 )
 from .kind import Kind
 from .row_looped import looped
@@ -65,6 +66,8 @@ class RowSpace:
         return self.shape[:self.dim] + (1,) + self.shape[self.dim + 1:]
 
     def fits(self, t: Term) -> bool:
+        if t.op == "iota" and self.shape:  # positions along the row: the column index
+            return self._along_rows(t)
         if not kernel_value(t) or not self.shape:
             return False
         if t.op in ROW_REDUCTIONS:
@@ -77,8 +80,6 @@ class RowSpace:
                 self.dim = d  # the first reduction fixes the group's row dim
             return d == self.dim
         shape = tuple(t.meta.shape)
-        if t.op == "iota":  # positions along the row: the column index
-            return self._along_rows(t)
         if self.dim is None and len(shape) == len(self.shape):
             # A per-row value seen before any reduction fixes the row dim.
             ones = [k for k, (a, b) in enumerate(zip(shape, self.shape, strict=True))
@@ -91,7 +92,7 @@ class RowSpace:
         """An iota of the space's rank whose one long dim is the rows' (it fixes the
         row dim if nothing has): each element's column index."""
         rank, d = len(self.shape), t.attr("dim")
-        if t.meta.rank != rank or not isinstance(d, int) or not -rank <= d < rank:
+        if t.meta.rank != rank or not whole(d) or not -rank <= d < rank:
             return False
         d %= rank
         if self.dim is None:
