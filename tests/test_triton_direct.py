@@ -9,6 +9,8 @@ GPU through the direct path, under the interpreter through the JIT.
 
 from __future__ import annotations
 
+import weakref
+
 from typing import Any
 
 import pytest
@@ -253,6 +255,9 @@ def test_compiled_graphs_launch_every_kernel_directly_from_the_second_call(monke
         return k
 
     monkeypatch.setattr(recipe, "DirectKernel", make)
+    # kernels of their own: an earlier test's graph may still hold a kernel of the same
+    # source, which the weak registry would hand out instead of making one
+    monkeypatch.setattr(recipe, "_SHARED", weakref.WeakValueDictionary())
     # On a GPU a launcher learns a plan on its first call and replays it without
     # passing through the DirectKernel (tests/test_launch_plans.py); counted here
     # are the launches of the path a plan replaces, so no plans.
