@@ -57,6 +57,7 @@ from .runtime.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutate
 from .runtime.graph_cache import Artifact
 from .runtime.prepare import Prepared, prepare_kernels
 from .runtime.profile import GraphProfile, timer_for
+from .runtime.graph_plans import planned
 from .runtime.wrapper import callable_label, lower
 
 
@@ -531,7 +532,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
                          trace or Trace(), prepared, choose_target(opts, graph))
     fn = lowered.fn
     fn._boxed_call = True
-    return fn
+    return planned(fn, lowered.source)
 
 
 def _prepare(graph: Graph, store: TermStore, opts: Options, name: str,

@@ -55,6 +55,7 @@ from ..aten.fold import FrozenParams
 from ..engine.diag import log
 from .cudagraphs import CudaGraphRunner
 from .disk_cache import read_verified, store, subdir
+from .graph_plans import planned
 from .launch import Launcher
 from .namespace import namespace as wrapper_namespace
 
@@ -464,7 +465,7 @@ def _rebuild(entry: dict[str, Any], inputs: list[Any], params: list[bool], opts:
     rec.fallback_ops.update(entry["record"]["fallback_ops"])
     exec(compile(entry["source"], f"<rewritec wrapper {rec.name} (cached)>", "exec"),  # noqa: S102
          namespace)
-    fn = namespace["call"]
+    fn = planned(namespace["call"], entry["source"])
     if entry["cudagraphs"]:
         def log(line: str) -> None:
             rec.cudagraphs = line

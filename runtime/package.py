@@ -61,6 +61,7 @@ from ..kinds.spec import KernelSpec, KInput, KOutput
 from . import static_launch
 from .build import cxx_flags, target
 from .cudagraphs import UNSAFE, CudaGraphRunner, auto_declines
+from .graph_plans import planned
 from .launch import _EMPTY_STRIDED_CUDA, Launcher, NoLaunch
 from .program import Program
 from .recipe import LAUNCHERS
@@ -318,6 +319,7 @@ def load(path: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
                                f"{len(data['graph']['inputs'])} inputs, "
                                f"{len(data['inputs'])} are described")
         fn, source = Program(data["graph"], where).build(kernels, tensors)
+        fn = planned(fn, source)
         out_spec = pytree.treespec_loads(data["out_spec"])
         return Loaded(where, manifest, fn, source, data["inputs"], data["user_inputs"],
                       weights, int(data["user_outputs"]), out_spec,

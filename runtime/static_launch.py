@@ -202,4 +202,8 @@ def launcher(meta: dict[str, Any], cubin: str, device: int, grid: tuple[int, ...
         def launch(*args: Any) -> None:
             run(function, g0, g1, g2, warps, shared, codes,
                 tuple([args[i] for i in keep]) + nulls, stream(device))
+    # what a graph plan writes out to launch it without this function
+    # (runtime/graph_plans.py: _Writer.launch)
+    launch.static = (function, (g0, g1, g2), warps, shared, codes,  # type: ignore[attr-defined]
+                     tuple(keep), len(nulls), device)
     return launch
