@@ -1,0 +1,51 @@
+"""copy-self and copy-into-fresh (rules/simplify/casts.yaml): the copies AOTAutograd
+writes for an in-place update of a view (T5's `scores += position_bias`) leave the
+backward, and the gradients stay eager's."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from rewritec import report
+
+COPY_RULES = ["copy-self", "copy-into-fresh"]
+
+
+def attention_scores(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    scores = torch.matmul(x, x.transpose(-1, -2))
+    heads = scores.view(x.shape[0] // bias.shape[0], bias.shape[0], *scores.shape[1:])
+    heads += bias  # in place, on a view
+    return torch.softmax(scores, -1).sum()
+
+
+def run(fn, x, bias, options):
+    x, bias = x.clone().requires_grad_(), bias.clone().requires_grad_()
+    loss = fn(x, bias) if options is None else \
+        torch.compile(fn, backend="rewritec", options=options)(x, bias)
+    loss.backward()
+    return loss, x.grad, bias.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,heads,t,d", [(4, 2, 8, 5), (6, 3, 7, 16)])
+def test_the_copies_of_an_in_place_update_of_a_view_leave(dtype, batch, heads, t, d) -> None:
+    torch._dynamo.reset()
+    x = torch.randn(batch, t, d).to(dtype)
+    bias = torch.randn(heads, t, t).to(dtype)
+    want = run(attention_scores, x, bias, None)
+    outside = {}
+    for disabled in ([], COPY_RULES):
+        torch._dynamo.reset()
+        report.reset()
+        got = run(attention_scores, x, bias, {"disable": disabled})
+        tol = {"atol": 2e-2, "rtol": 2e-2} if dtype != torch.float32 else {}
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, **tol)
+        outside[bool(disabled)] = sum((r.fallback_ops for r in report.RECORDS), start=Counter())
+        fired = {rule for r in report.RECORDS for rule in r.rules_fired}
+        assert set(COPY_RULES) <= fired or disabled
+    assert outside[True]["copy"] == 2 and outside[True]["new_empty_strided"] == 1
+    assert outside[False]["copy"] == 0 and outside[False]["new_empty_strided"] == 0
