@@ -78,6 +78,14 @@ def _contiguous(t: Term) -> bool:
     return len(t.meta.strides) == len(t.meta.shape)
 
 
+def _same_layout(a: Term, b: Term) -> bool:
+    """The same sizes and strides, all known."""
+    sizes, strides = tuple(a.meta.shape), tuple(a.meta.strides)
+    return len(sizes) == len(strides) and sizes == tuple(b.meta.shape) \
+        and strides == tuple(b.meta.strides) \
+        and all(isinstance(v, int) for v in (*sizes, *strides))
+
+
 def _reduces_innermost(t: Term) -> bool:
     """`t` reduces along its input's innermost dim in memory (by strides where they
     are known, else the last dim of size other than 1). A row kernel reads such a
@@ -127,6 +135,8 @@ def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
         "identity_perm": lambda p: tuple(d % len(p) for d in p) == tuple(range(len(p))),
         "widens": lambda a, b: (a, b) in EXACT_WIDENING,
         "same_shape": lambda a, b: tuple(_tensor(a).meta.shape) == tuple(_tensor(b).meta.shape),
+        # the same sizes and strides: one may stand for the other wherever layout counts
+        "same_layout": lambda a, b: _same_layout(_tensor(a), _tensor(b)),
         "len": len,
         "abs": abs,
         "min": min,
@@ -234,6 +244,7 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], str]] = {
     "reduces_innermost": (("term",), "bool"), "keeps_layout": (("term", "any"), "bool"),
     "identity_perm": (("tuple",), "bool"), "widens": (("str", "str"), "bool"),
     "same_shape": (("term", "term"), "bool"), "len": (("sized",), "int"),
+    "same_layout": (("term", "term"), "bool"),
     "abs": (("number",), "any"),
 }
 _VARIADIC = ("min", "max")  # min(a, b) and min(sequence)

@@ -247,7 +247,7 @@ class Rewriter:
             finally:
                 self.active.pop()
                 del self.on_chain[t]
-        if self.folder is not None and t.args and t.op not in ("input", "getitem"):
+        if self.folder is not None and t.op not in ("input", "getitem"):
             folded = self.folder(t)
             if folded is not None:
                 self.steps += 1
@@ -268,6 +268,8 @@ class Rewriter:
         try:
             for env, rest in matcher.match_root(rule.pattern, t, {}):
                 st.matched += 1
+                if rule.root_name is not None:
+                    env = {**env, rule.root_name: t}
                 failed = next((src for g, src in rule.guards if not self.guards.check(g, env)),
                               None)
                 if failed is not None:

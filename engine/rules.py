@@ -61,6 +61,8 @@ ATTR_FUNCS: dict[str, Any] = {
     # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
     "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
     "size_of": lambda t, d: t.meta.shape[d],
+    # a term's shape: a fill of the shape a view of one gave (rules/simplify/views.yaml)
+    "shape_of": lambda t: tuple(t.meta.shape),
     # a term's shape (or a shape) with a size-1 dim inserted at d, as unsqueeze does
     "unsqueezed": lambda t, d: _unsqueezed(tuple(t.meta.shape) if hasattr(t, "meta")
                                            else tuple(t), d),
@@ -121,6 +123,8 @@ class Rule:
     more_launches: bool = False
     # the `templates/` folder beside a user's rule file, searched before the package's
     template_dir: str | None = None
+    # `pattern as p` at the root: the name the matched term is bound to
+    root_name: str | None = None
 
     @property
     def root(self) -> str:
@@ -271,10 +275,14 @@ class RuleLoader:
         pwhere = _value_where(lines, path + ("pattern",), at("pattern"))
         ast = S.parse_expr(src, pwhere)
         pattern = Compiler(self.table, pwhere).pattern(ast)
+        root_name = None
+        if isinstance(pattern, PBind) and isinstance(pattern.inner, POp) and kind != "fuse":
+            # `view(full(...)) as p`: the matched root itself, for guards and attributes
+            root_name, pattern = pattern.name, pattern.inner
         if not (isinstance(pattern, POp) or (kind == "fuse" and isinstance(pattern, PCat))):
             raise RuleError("a pattern must apply an op at its root, not a bare variable "
                             "or constant (`@category` roots are for fuse rules)", at("pattern"))
-        bound = _pattern_vars(pattern)
+        bound = _pattern_vars(pattern) | ({root_name} if root_name else set())
         if kind == "fuse":
             bound |= set(FUSE_GUARD_NAMES)  # what engine/fuse.py binds after growing a group
         replace_src = entry.get("replace")
@@ -333,7 +341,7 @@ class RuleLoader:
             overrides=bool(entry.get("overrides", False)), kernel=kernel,
             examples=tuple(examples), no_match=tuple(no_match), builtin=builtin,
             grow=tuple(grow), siblings=siblings, more_launches=more_launches,
-            template_dir=str(template_dir) if template_dir else None,
+            template_dir=str(template_dir) if template_dir else None, root_name=root_name,
         )
 
     def _check_kernel(self, kind: str, kernel: Any, where: Where) -> None:
