@@ -28,6 +28,11 @@ from .bridge import Bridge, Opaque, meta_of
 
 # Do not materialize constants larger than this many elements.
 MAX_FOLD_NUMEL = 1 << 22
+# Ops of no operands whose value their attributes fix (a fill): folded
+# with what reads them, up to this many elements. A larger fill stays an op, which a
+# kernel computes inline as a literal (kinds/kernels.py) instead of reading memory.
+SOURCES = ("full",)
+MAX_SOURCE_NUMEL = 1 << 14
 
 
 def tensor_term(store: TermStore, bridge: Bridge, value: torch.Tensor, label: str) -> Term:
@@ -58,7 +63,8 @@ def make_folder(store: TermStore, bridge: Bridge, steps: dict[int, FoldStep] | N
     def fold(t: Term) -> Term | None:
         if t.op in ("tensor", "const", "input", "call") or t.attr("nonce") is not None:
             return None
-        if t.meta.kind != "tensor" or not any(a.op == "tensor" for a in t.args):
+        source = not t.args and t.op in SOURCES
+        if t.meta.kind != "tensor" or not (source or any(a.op == "tensor" for a in t.args)):
             return None
         if any(a.op not in ("tensor", "const") for a in t.args):
             return None
@@ -66,7 +72,7 @@ def make_folder(store: TermStore, bridge: Bridge, steps: dict[int, FoldStep] | N
             numel = int(t.meta.numel())
         except TypeError:
             return None  # symbolic size
-        if numel > MAX_FOLD_NUMEL:
+        if numel > (MAX_SOURCE_NUMEL if source else MAX_FOLD_NUMEL):
             return None
         values = [a.attr("value").value if a.op == "tensor" else a.value for a in t.args]
         # The compiler may run inside AOTAutograd's fake mode; folding needs real tensors.

@@ -420,6 +420,10 @@ def _merge_one(live: list[Group], places: Order) -> bool:
     return False
 
 
+def _reads_tensor(members: set[Term]) -> bool:
+    return any(a.meta.kind == "tensor" and a not in members for m in members for a in m.args)
+
+
 def _reads(g: Group) -> set[Term]:
     """What a group's kernel reads: its members' operands computed outside it."""
     return _leaves(g.members)
@@ -511,6 +515,12 @@ def _try_rule(rule: Rule, root: Term, table: OpTable, places: Order, outputs: se
                                      f"({root.meta.short()})")
         return None
     members = _grow(rule, root, space, table, places, outputs, can_compile, watch)
+    if not _reads_tensor(members):
+        # a kernel takes its device from its inputs: members of no operands (fills)
+        # leave a group that would read nothing else, and the rest reads them
+        members = {m for m in members if m.args}
+        if root not in members or not _reads_tensor(members):
+            return None
     accepts = getattr(space, "accepts", None)  # a check on the whole group, if any
     if accepts is not None and not accepts(members):
         if watch is not None:

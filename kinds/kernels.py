@@ -78,7 +78,9 @@ static inline float rw_round_bf16(float x) { return rw_from_bf16(rw_to_bf16(x));
 # the indexed ops (copies); a sum of a mask is a count (engine/fuse.py: counts).
 # Integer division, remainders, shifts and other integer sums stay with ATen.
 INT_OPS = ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "masked_fill",
-           "clone")
+           "clone", "full", "full_like")
+# ops of one value everywhere, of any dtype (value_expr writes it as a literal)
+FILLS = ("full", "full_like")
 
 
 def load_cast(dtype: str, compute: str) -> str:
@@ -225,6 +227,10 @@ def spec_of(term: Term, index: int, kind: str,
             "rewrites": term.attr("rewrites", ())}
     if indexed:  # the launcher takes the (static) shape from here, not from the inputs
         meta["indexed"] = True
+    if any(t.op == "full" for t in body):  # a fill has sizes no input need have
+        if not static_shape(shape):
+            raise RenderError("a fill in a kernel of symbolic sizes: its sizes are not known")
+        meta["filled"] = True
     return KernelSpec(name=name, kind=kind, rule=term.attr("rule"),
                       location=term.attr("location"), template=term.attr("kind"),
                       template_dir=term.attr("template_dir"),
@@ -397,6 +403,9 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
         if dtype == "bf16":
             return f"rw_round_bf16({x})"
         return x
+    if t.op in FILLS:  # the fill as its dtype holds it: 1 -> 1.0 in f32
+        return literal(_as_dtype(t.attr("fill_value"), t.meta.dtype), target,
+                       t.meta.dtype != "f64")
     info = table.get(t.op)
     fmt = getattr(info, target if target == "triton" else "cpp", None) if info else None
     if info is None or fmt is None:
@@ -424,6 +433,12 @@ def value_expr(t: Term, names: dict[Term, str], target: str, table: OpTable) -> 
 PLAIN_CALLS = {"std::sin": ("sinf", "sin"), "std::cos": ("cosf", "cos")}
 
 
+def _as_dtype(value: Any, dtype: str) -> Any:
+    if dtype == "b8":
+        return bool(value)
+    return int(value) if dtype in INTS else float(value)
+
+
 def _operand(a: Term, names: dict[Term, str], target: str, single: bool) -> str:
     if a.op == "const":
         return literal(a.value, target, single)
@@ -439,8 +454,15 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
     if t.meta.dtype not in dtypes or (t.meta.dtype in INTS and t.op not in (
             *INT_OPS, *MOVES, "to", "iota") and not counts(t)) or (
-            t.meta.dtype == "b8" and t.op not in BOOL_OPS):
+            t.meta.dtype == "b8" and t.op not in (*BOOL_OPS, *FILLS)):
         return False
+    if t.op in FILLS:
+        # a literal of the fill's dtype: one the dtype holds exactly (an f16 or bf16
+        # fill of 0.1 stays ATen's, whose rounding the literal would not repeat)
+        value = t.attr("fill_value")
+        return isinstance(value, int | float) and on_device(t, target) and (
+            t.meta.dtype == "b8" or (float(value).is_integer() if t.meta.dtype in INTS
+                                      else _exact(value, t.meta.dtype)))
     if t.op == "to":
         # A cast between floats, from a bool to a float or an integer, and between
         # integers and floats, nothing else (no device, layout or format change; the

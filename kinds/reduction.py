@@ -41,6 +41,7 @@ from ..engine.term import Term
 from .accumulators import COLUMN_CHUNK, PAIRWISE_CHUNK, CppAccumulator, cpp_accumulator
 from .kernels import (
     CPP_DTYPES,
+    FILLS,
     TRITON_DTYPES,
     _contiguous,
     _key,
@@ -430,7 +431,7 @@ class ReductionSpace:
         self.signature: tuple[Any, ...] | None = None  # (I, dims, keepdim)
 
     def fits(self, t: Term) -> bool:
-        if not kernel_value(t):
+        if not kernel_value(t) or t.op in FILLS:  # its launcher sizes the space by inputs
             return False
         if t.op in ROW_REDUCTIONS and t.meta.dtype not in FLOATS and not counts(t):
             return False  # integer sums but counts of masks stay with ATen

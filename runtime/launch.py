@@ -482,7 +482,7 @@ def _compute_geometry(spec: KernelSpec, inputs: tuple[torch.Tensor, ...]) -> _Ge
     # A kernel with indexed ops (kinds/indexed.py) reads inputs of other shapes than
     # its own (a cat's pieces): its shape, static, is the spec's
     indexed = bool(spec.meta.get("indexed"))
-    shape = list(spec.meta["shape"]) if indexed else \
+    shape = list(spec.meta["shape"]) if indexed or spec.meta.get("filled") else \
         broadcast_sizes([x.shape for x in inputs])
     dim = spec.meta.get("dim")
     if len(shape) < spec.rank:

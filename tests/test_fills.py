@@ -1,0 +1,138 @@
+"""Fills: a small `full` is folded with what reads it at compile time (aten/fold.py:
+SOURCES); a larger one, and `full_like`, a kernel computes inline as a literal of
+their dtype (kinds/kernels.py: value_expr). Views of a fill are fills (the *-of-full
+rules, rules/simplify/views.yaml), and a copy onto a fill is the copied value
+(copy-onto-fill). Against eager, forward and backward, on every kernel target, both
+ways (`fills`: folded, or inline with no fill folded); a fill alone, or one its dtype
+cannot hold exactly, stays ATen's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import rewritec  # noqa: F401 - registers the backend
+from models import kernel_targets, outside_ops, rules_fired
+from rewritec import report
+from rewritec.aten import fold
+
+DEVICE, TARGETS = kernel_targets()
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(params=["folded", "inline"])
+def fills(request, monkeypatch) -> str:
+    if request.param == "inline":
+        monkeypatch.setattr(fold, "MAX_SOURCE_NUMEL", 0)
+    return request.param
+
+
+def _run(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor, target: str) -> None:
+    report.reset()
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="rewritec", options={"target": target, "strict": True})
+    results = []
+    for f in (fn, compiled):
+        xs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+        out = f(*xs)
+        wrt = [x for x in xs if x.requires_grad]
+        grads = torch.autograd.grad(out, wrt, torch.ones_like(out)) if out.requires_grad \
+            else ()
+        results.append([out.detach(), *grads])
+    tol = {} if inputs[0].dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    for got, want in zip(results[1], results[0], strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("batch,t", [(2, 16), (3, 33)])
+def test_an_attention_mask_made_from_ones_is_computed_in_its_kernel(target, dtype, batch, t,
+                                                                   fills) -> None:
+    """A default attention mask (ones), turned into an additive one and reshaped,
+    as Hugging Face's encoders do when no mask is given: a constant, folded. Not
+    folded, the fill stays ATen's (a group of fills alone would read no tensor) and
+    the ops on it are one kernel."""
+    def scores(x):
+        ones = torch.full((x.shape[0], t), 1, dtype=torch.int64, device=x.device)
+        extended = (1.0 - ones[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        return torch.softmax(x + extended, dim=-1)
+
+    x = torch.randn(batch, 4, t, t, device=DEVICE).to(dtype)
+    _run(scores, x, target=target)
+    if target == "openmp" and dtype == torch.float16:
+        return  # f16 stays with ATen on the CPU
+    if fills == "folded":
+        assert "full" not in outside_ops() and rules_fired()["fold-constants"], outside_ops()
+    else:
+        assert outside_ops()["full"] == 1 and rules_fired()["unsqueeze-of-full"], outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_a_fill_larger_than_every_input_sizes_the_kernel(target, dtype, fills) -> None:
+    """The kernel's space comes from the fill where no input has its sizes."""
+    def widen(x):
+        return x[None, :] * 2.0 + torch.full((5, 1, x.shape[-1]), 0.5, dtype=x.dtype,
+                                             device=x.device)
+
+    _run(widen, torch.randn(3, 8, device=DEVICE).to(dtype), target=target)
+    if not (target == "openmp" and dtype == torch.float16):  # f16: ATen's on the CPU
+        assert "full" not in outside_ops(), outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(4, 8), (2, 3, 5)], ids=str)
+def test_fills_of_every_dtype_and_their_views(target, shape, fills) -> None:
+    """Bool, integer and float fills, through a transpose, a slice and a select; a
+    mask's fill of -inf."""
+    def mixed(x):
+        keep = torch.full(shape, True, device=x.device) & (x > 0)
+        count = torch.full(shape, 3, dtype=torch.int64, device=x.device).transpose(0, -1)
+        lows = torch.full((shape[0] + 2, *shape[1:]), float("-inf"), device=x.device)[1:-1]
+        y = torch.where(keep, x, lows) + count.transpose(0, -1).to(x.dtype)
+        return y.clamp(min=-5.0) * torch.full((2, *shape), 0.25, device=x.device).select(0, 1)
+
+    _run(mixed, torch.randn(shape, device=DEVICE), target=target)
+    assert "full" not in outside_ops(), outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_copy_onto_a_fill_is_the_copied_value(target, fills) -> None:
+    """T5's shifted labels: the labels but the last, from position 1, onto zeros."""
+    def shift(labels, x):
+        shifted = labels.new_zeros(labels.shape)
+        shifted[:, 1:] = labels[:, :-1].clone()
+        return x * shifted.to(x.dtype)
+
+    labels = torch.randint(0, 50, (3, 9), device=DEVICE)
+    _run(shift, labels, torch.randn(3, 9, device=DEVICE), target=target)
+    assert "copy" not in outside_ops(), outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_fill_its_dtype_rounds_stays_aten(target, dtype, fills) -> None:
+    """0.1 is no bf16 or f16 number: ATen rounds it when it fills; a literal in a
+    float32 computation would not, so the fill stays outside (or is folded, by ATen)
+    and the result is eager's."""
+    def scaled(x):
+        return x * torch.full(x.shape, 0.1, dtype=x.dtype, device=x.device) + 1.0
+
+    _run(scaled, torch.randn(4, 8, device=DEVICE).to(dtype), target=target)
+    assert bool(outside_ops()["full"]) == (fills == "inline"), outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_fill_alone_stays_aten(target, monkeypatch) -> None:
+    monkeypatch.setattr(fold, "MAX_SOURCE_NUMEL", 0)
+
+    def alone(x):
+        return x @ torch.full((x.shape[-1], 3), 2.0, device=x.device)
+
+    _run(alone, torch.randn(4, 8, device=DEVICE), target=target)
+    assert outside_ops()["full"] and not any(r.kernels for r in report.RECORDS), outside_ops()
+
