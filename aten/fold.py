@@ -28,10 +28,12 @@ from .bridge import Bridge, Opaque, meta_of
 
 # Do not materialize constants larger than this many elements.
 MAX_FOLD_NUMEL = 1 << 22
-# Ops of no operands whose value their attributes fix (a fill): folded
-# with what reads them, up to this many elements. A larger fill stays an op, which a
-# kernel computes inline as a literal (kinds/kernels.py) instead of reading memory.
-SOURCES = ("full",)
+# Ops of no operands whose value their attributes fix (a fill, positions): folded
+# with what reads them, up to this many elements: a mask built from positions
+# (`arange`, compared, summed, indexed) becomes the constant it is. A larger fill
+# stays an op, which a kernel computes inline as a literal (kinds/kernels.py)
+# instead of reading memory.
+SOURCES = ("full", "aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 MAX_SOURCE_NUMEL = 1 << 14
 
 
@@ -63,7 +65,8 @@ def make_folder(store: TermStore, bridge: Bridge, steps: dict[int, FoldStep] | N
     def fold(t: Term) -> Term | None:
         if t.op in ("tensor", "const", "input", "call") or t.attr("nonce") is not None:
             return None
-        source = not t.args and t.op in SOURCES
+        # an op-table op by name, a captured ATen op (`aten`) by its overload
+        source = not t.args and (t.op if t.op != "aten" else str(t.attr("target"))) in SOURCES
         if t.meta.kind != "tensor" or not (source or any(a.op == "tensor" for a in t.args)):
             return None
         if any(a.op not in ("tensor", "const") for a in t.args):

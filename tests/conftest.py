@@ -68,3 +68,15 @@ def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(backend, "_through_aot", counted)
     return calls
+
+
+@pytest.fixture
+def plans_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launch plans (runtime/launch.py) learned and replayed on the CPU, where the
+    tests' stand-in kernels run: on the GPU they are made for CUDA launches only."""
+    from rewritec.runtime import launch
+
+    monkeypatch.setattr(launch, "PLAN_DEVICE", "cpu")
+    monkeypatch.setattr(launch, "_plan_device", lambda: -1)
+    monkeypatch.setattr(launch, "_plan_alloc", lambda size, stride, dtype:
+                        torch.empty_strided(size, stride, dtype=dtype))

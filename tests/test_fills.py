@@ -1,10 +1,10 @@
-"""Fills: a small `full` is folded with what reads it at compile time (aten/fold.py:
-SOURCES); a larger one, and `full_like`, a kernel computes inline as a literal of
-their dtype (kinds/kernels.py: value_expr). Views of a fill are fills (the *-of-full
-rules, rules/simplify/views.yaml), and a copy onto a fill is the copied value
-(copy-onto-fill). Against eager, forward and backward, on every kernel target, both
-ways (`fills`: folded, or inline with no fill folded); a fill alone, or one its dtype
-cannot hold exactly, stays ATen's."""
+"""Fills and positions: a small `full` or `arange` is folded with what reads it at
+compile time (aten/fold.py: SOURCES); a larger fill, and `full_like`, a kernel
+computes inline as a literal of their dtype (kinds/kernels.py: value_expr). Views of
+a fill are fills (the *-of-full rules, rules/simplify/views.yaml), and a copy onto a
+fill is the copied value (copy-onto-fill). Against eager, forward and backward, on
+every kernel target, both ways (`fills`: folded, or inline with no fill folded); a
+fill alone, or one its dtype cannot hold exactly, stays ATen's."""
 
 from __future__ import annotations
 
@@ -136,3 +136,29 @@ def test_a_fill_alone_stays_aten(target, monkeypatch) -> None:
     _run(alone, torch.randn(4, 8, device=DEVICE), target=target)
     assert outside_ops()["full"] and not any(r.kernels for r in report.RECORDS), outside_ops()
 
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("t", [8, 33])
+def test_a_mask_built_from_positions_is_folded(target, t) -> None:
+    """A causal mask from `arange` positions (compared, summed, indexed, as Hugging
+    Face's decoders build theirs) is a constant: folded, nothing of it left to run."""
+    def causal(x):
+        pos = torch.arange(t, device=x.device)
+        packed = torch.cumsum((pos[None, :].expand(x.shape[0], -1) == 0).long(), -1)
+        seq = packed[torch.arange(x.shape[0], device=x.device)[:, None], pos]
+        keep = (pos[None, :] <= pos[:, None])[None] & (seq[:, None, :] == seq[:, :, None])
+        return torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
+
+    _run(causal, torch.randn(3, t, t, device=DEVICE), target=target)
+    assert not {"arange", "cumsum", "index"} & set(outside_ops()), outside_ops()
+    assert rules_fired()["fold-constants"], rules_fired()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_positions_past_the_fold_limit_stay_an_op(target) -> None:
+    def offsets(x):
+        return x + torch.arange(x.shape[-1], device=x.device, dtype=x.dtype)
+
+    _run(offsets, torch.randn(2, fold.MAX_SOURCE_NUMEL + 5, device=DEVICE), target=target)
+    assert outside_ops()["arange"] == 1, outside_ops()

@@ -63,11 +63,7 @@ class Axpy(Launcher):
 
 
 @pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch, "PLAN_DEVICE", "cpu")
-    monkeypatch.setattr(launch, "_plan_device", lambda: -1)
-    monkeypatch.setattr(launch, "_plan_alloc", lambda size, stride, dtype:
-                        torch.empty_strided(size, stride, dtype=dtype))
+def on_the_cpu(plans_on_the_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REWRITEC_GRAPH_PLANS", raising=False)
 
 

@@ -45,12 +45,7 @@ class Axpy(Launcher):
         return out
 
 
-@pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch, "PLAN_DEVICE", "cpu")
-    monkeypatch.setattr(launch, "_plan_device", lambda: -1)
-    monkeypatch.setattr(launch, "_plan_alloc", lambda size, stride, dtype:
-                        torch.empty_strided(size, stride, dtype=dtype))
+pytestmark = pytest.mark.usefixtures("plans_on_the_cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
