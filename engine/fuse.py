@@ -421,7 +421,7 @@ def _merge_one(live: list[Group], places: Order) -> bool:
 
 
 def _reads_tensor(members: set[Term]) -> bool:
-    return any(a.meta.kind == "tensor" and a not in members for m in members for a in m.args)
+    return any(a.meta.kind == "tensor" for a in _leaves(members))
 
 
 def _reads(g: Group) -> set[Term]:

@@ -176,9 +176,15 @@ def _pad_computable(t: Term) -> bool:
         return False
     if not isinstance(value, int | float) or isinstance(value, bool):
         return False
-    if t.meta.dtype in INTS:
+    return _holds(value, t.meta.dtype)
+
+
+def _holds(value: int | float, dtype: str) -> bool:
+    """`dtype` holds `value` as it is: an integer for an integer dtype, a number f16
+    and bf16 do not round (a pad's or a fill's value, written as a literal)."""
+    if dtype in INTS:
         return math.isfinite(value) and float(value).is_integer()
-    return _exact(value, t.meta.dtype)
+    return _exact(value, dtype)
 
 
 def spec_of(term: Term, index: int, kind: str,
@@ -461,8 +467,7 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
         # fill of 0.1 stays ATen's, whose rounding the literal would not repeat)
         value = t.attr("fill_value")
         return isinstance(value, int | float) and on_device(t, target) and (
-            t.meta.dtype == "b8" or (float(value).is_integer() if t.meta.dtype in INTS
-                                      else _exact(value, t.meta.dtype)))
+            t.meta.dtype == "b8" or _holds(value, t.meta.dtype))
     if t.op == "to":
         # A cast between floats, from a bool to a float or an integer, and between
         # integers and floats, nothing else (no device, layout or format change; the

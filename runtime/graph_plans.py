@@ -130,8 +130,6 @@ def planned(fn: Callable[[list[Any]], Any], source: str) -> Callable[[list[Any]]
     if not any(isinstance(v, Launcher) and v.plans is not None for v in scope.values()):
         return fn  # no kernel learns plans (the CPU's): nothing to write out
     body = _body(source)
-    if not any(scope[name].plans is not None for _, name in _kernel_lines(body, scope)):
-        return fn
     if not all(_plannable(node, scope) for node in ast.walk(body)
                if isinstance(node, ast.Call)):
         return fn

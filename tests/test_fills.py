@@ -162,3 +162,25 @@ def test_positions_past_the_fold_limit_stay_an_op(target) -> None:
 
     _run(offsets, torch.randn(2, fold.MAX_SOURCE_NUMEL + 5, device=DEVICE), target=target)
     assert outside_ops()["arange"] == 1, outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("value", [-0.0, float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_fills_of_signed_zeros_and_non_finite_values(target, value, dtype, monkeypatch) -> None:
+    """A literal keeps a fill's sign of zero, its nan and its infinities."""
+    monkeypatch.setattr(fold, "MAX_SOURCE_NUMEL", 0)
+
+    def pick(x):
+        return torch.where(x > 100.0, x, torch.full(x.shape, value, dtype=x.dtype,
+                                                     device=x.device))
+
+    x = torch.randn(4, 8, device=DEVICE).to(dtype)
+    report.reset()
+    torch._dynamo.reset()
+    got = torch.compile(pick, backend="rewritec", options={"target": target})(x)
+    want = pick(x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.equal(torch.signbit(got), torch.signbit(want))
+    if not (target == "openmp" and dtype == torch.float16):  # f16: ATen's on the CPU
+        assert "full" not in outside_ops(), outside_ops()
