@@ -21,6 +21,10 @@ except views: a `reshape`, `t` or `expand` that gave a view of its operand is
 written as that view's sizes, strides and offset (`_reinterpret_tensor`, as
 Inductor's wrappers make views), skipping the dispatcher.
 
+On the CPU the same holds for OpenMP kernels: a written line allocates the
+outputs and calls the kernel's C function on the tensors' addresses and the
+integers its launch plan keeps (runtime/launch.py: `_CppPlan`).
+
 A graph calling anything whose output's size can depend on values (ops tagged
 `dynamic_output_shape` or `data_dependent_output`, or a callable that is not an
 ATen or rewritec op) is never planned, nor is a profiled wrapper (its timing lines
@@ -40,7 +44,7 @@ from typing import Any
 import torch
 
 from . import launch as _launch
-from .launch import _IN, _OUT, _TEMP, Launcher, _Plan, _Steps
+from .launch import _IN, _OUT, _TEMP, CppLauncher, Launcher, _CppPlan, _Plan, _Steps
 
 # Input signatures a graph keeps a variant for, and signatures it counts calls of
 VARIANTS = 8
@@ -67,12 +71,13 @@ class PlannedGraph:
     """A wrapper `call(args)` (boxed, as AOTAutograd calls it) that runs the variant
     written for its inputs' signature where there is one; see the module doc."""
 
-    def __init__(self, fn: Callable[[list[Any]], Any], source: str) -> None:
+    def __init__(self, fn: Callable[[list[Any]], Any], source: str, cuda: bool = True) -> None:
         # on the instance: a wrapper made with functools.wraps (torch._dynamo.disable)
         # copies the instance's __dict__, not its class's attributes
         self._boxed_call = True
         self.fn = fn
         self.source = source
+        self.cuda = cuda  # it launches CUDA kernels: the current device is in its signature
         self.variants: dict[Any, Callable[[list[Any]], Any]] = {}
         self.sources: dict[Any, str] = {}  # each variant's source, for debugging
         self.calls: dict[Any, int] = {}  # plain calls per signature; -1: recorded
@@ -84,7 +89,7 @@ class PlannedGraph:
         if self.broken:
             return self.fn(args)
         try:
-            key = graph_signature(args)
+            key = graph_signature(args, self.cuda)
             variant = self.variants.get(key)
         except (AttributeError, TypeError, RuntimeError):  # no signature: the plain path
             return self.fn(args)
@@ -127,13 +132,14 @@ def planned(fn: Callable[[list[Any]], Any], source: str) -> Callable[[list[Any]]
         return fn
     if "_start" in scope:  # profiled: every launch is timed through its launcher
         return fn
-    if not any(isinstance(v, Launcher) and v.plans is not None for v in scope.values()):
-        return fn  # no kernel learns plans (the CPU's): nothing to write out
+    cuda = any(isinstance(v, Launcher) and v.plans is not None for v in scope.values())
+    if not cuda and not any(isinstance(v, CppLauncher) for v in scope.values()):
+        return fn  # no kernel learns plans: nothing to write out
     body = _body(source)
     if not all(_plannable(node, scope) for node in ast.walk(body)
                if isinstance(node, ast.Call)):
         return fn
-    return PlannedGraph(fn, source)
+    return PlannedGraph(fn, source, cuda)
 
 
 def _plannable(call: ast.Call, scope: dict[str, Any]) -> bool:
@@ -143,8 +149,9 @@ def _plannable(call: ast.Call, scope: dict[str, Any]) -> bool:
         obj = scope.get(func.id)
         return isinstance(obj, Launcher) or func.id == "float" or _layout_op(obj)
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-        # `args.clear()`, and an output's copy
-        if func.attr in ("clear", "clone") and func.value.id not in scope:
+        # `args.clear()`, and an output's copy (of a value, or of a constant)
+        if func.attr in ("clear", "clone") and (
+                func.value.id not in scope or isinstance(scope[func.value.id], torch.Tensor)):
             return True
     return _layout_op(_aten_op(func))
 
@@ -154,11 +161,12 @@ def _layout_op(obj: Any) -> bool:
         and (obj.name() == _INDEX or not any(tag in obj.tags for tag in _DATA_DEPENDENT))
 
 
-def graph_signature(args: list[Any]) -> tuple[Any, ...]:
-    """What a graph's variant depends on: the current device, whether cuDNN is on (a
-    convolution's output layout may differ without it) and each argument's
-    signature, a tensor's as a launch's (runtime/launch.py: _signature)."""
-    return (_launch._plan_device(), torch.backends.cudnn.enabled,
+def graph_signature(args: list[Any], cuda: bool = True) -> tuple[Any, ...]:
+    """What a graph's variant depends on: the current device (`cuda`: the graph
+    launches CUDA kernels), whether cuDNN is on (a convolution's output layout may
+    differ without it) and each argument's signature, a tensor's as a launch's
+    (runtime/launch.py: _signature)."""
+    return (_launch._plan_device() if cuda else -1, torch.backends.cudnn.enabled,
             *[(x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15)
               if isinstance(x, torch.Tensor) else (type(x), x) for x in args])
 
@@ -251,14 +259,10 @@ def _recording(fn: Callable[..., Any], source: str
 
 def _launch_recorded(found: dict[int, Any], i: int, launcher: Launcher,
                      inputs: tuple[Any, ...]) -> Any:
-    try:
-        key = _launch._signature(inputs)
-    except AttributeError:  # an input that is not a tensor
-        key = None
     fell_back = launcher.calls_fell_back
     result = launcher(*inputs)
-    plan = launcher.plans.get(key) if launcher.plans is not None and key is not None else None
-    if isinstance(plan, _Plan | _Steps) and not launcher.failed \
+    plan = launcher.plan_for(inputs)
+    if isinstance(plan, _Plan | _Steps | _CppPlan) and not launcher.failed \
             and launcher.calls_fell_back == fell_back:
         found[i] = plan
     return result
@@ -331,6 +335,7 @@ class _Writer:
         self.devices: set[int] = set()
         self._bound: dict[int, str] = {}
         scope["_alloc"] = _launch._plan_alloc
+        scope["_calloc"] = _launch._EMPTY_STRIDED_CPU or _launch._cpu_alloc
         scope["_stream"] = CURRENT_STREAM
         scope["_lk"] = STATIC_LAUNCH
         scope["_rt"] = REINTERPRET
@@ -355,6 +360,8 @@ class _Writer:
         return f"_alloc({size!r}, {stride!r}, {self.bind(dtype)})"
 
     def plan_lines(self, target: str, inputs: list[str], plan: Any) -> list[str]:
+        if isinstance(plan, _CppPlan):
+            return self.cpp_lines(target, inputs, plan)
         outs = [self.alloc(*o) for o in plan.outs]
         if len(outs) == 1:
             lines, out_names = [f"{target} = {outs[0]}"], [target]
@@ -373,6 +380,21 @@ class _Writer:
             lines.append(self.launch(run, args))
         if temps:
             lines.append(f"del {', '.join(temps)}")
+        return lines
+
+    def cpp_lines(self, target: str, inputs: list[str], plan: _CppPlan) -> list[str]:
+        """An OpenMP launch: the outputs allocated on the CPU, then the kernel called
+        on the addresses and the integers, all written in."""
+        outs = [f"_calloc({size!r}, {stride!r}, {self.bind(dtype)})"
+                for size, stride, dtype in plan.outs]
+        if len(outs) == 1:
+            lines, out_names = [f"{target} = {outs[0]}"], [target]
+        else:
+            lines = [f"{target} = ({', '.join(outs)},)"]
+            out_names = [f"{target}[{j}]" for j in range(len(outs))]
+        if plan.ints is not None:
+            ptrs = [f"{x}.data_ptr()" for x in (*inputs, *out_names)]
+            lines.append(f"{self.bind(plan.fn)}({', '.join([*ptrs, *map(str, plan.ints)])})")
         return lines
 
     def launch(self, run: Any, args: list[str]) -> str:

@@ -86,6 +86,16 @@ class Launcher:
     def launch(self, *inputs: torch.Tensor) -> Result:
         raise NotImplementedError
 
+    def plan_for(self, inputs: tuple[Any, ...]) -> Any:
+        """The plan a call with `inputs` replays (`_Plan`, `_Steps`), if one was
+        learned: what runtime/graph_plans.py writes out in its place."""
+        if self.plans is None:
+            return None
+        try:
+            return self.plans.get(_signature(inputs))
+        except AttributeError:  # an input that is not a tensor
+            return None
+
     # each input's dtype as the kernel was rendered for it (launchers that check them)
     in_dtypes: list[torch.dtype] = []
 
@@ -295,25 +305,120 @@ def _plan_alloc(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dty
     return _EMPTY_STRIDED_CUDA(size, stride, dtype)
 
 
+@dataclass(frozen=True)
+class _CppPlan:
+    """An OpenMP kernel's launch for one input signature (`_cpp_signature`): its
+    outputs' sizes, strides and dtypes, the kernel (a ctypes function taking the
+    inputs' and outputs' addresses, then integers) and the integers, None where the
+    outputs are empty and nothing is launched. Learned by `CppLauncher` from a launch
+    that passed its inputs as they are."""
+
+    outs: tuple[_Alloc, ...]
+    fn: Any
+    ints: tuple[int, ...] | None
+
+    def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        outs = [_cpu_alloc(*o) for o in self.outs]
+        if self.ints is not None:
+            self.fn(*[x.data_ptr() for x in inputs], *[o.data_ptr() for o in outs],
+                    *self.ints)
+        return _result(outs)
+
+
+def _cpp_signature(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """What an OpenMP launch depends on: each input's sizes, strides and dtype (its
+    kernel reads any address; it runs on the CPU only)."""
+    return tuple([(x.shape, x.stride(), x.dtype) for x in inputs])
+
+
+def _cpu_alloc(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype
+               ) -> torch.Tensor:
+    if _EMPTY_STRIDED_CPU is not None:
+        return _EMPTY_STRIDED_CPU(size, stride, dtype)
+    return torch.empty_strided(size, stride, dtype=dtype)  # pragma: no cover
+
+
 class CppLauncher(Launcher):
+    """Runs an OpenMP kernel. The first launch of each input signature works out the
+    geometry and checks the dtypes; where it passed the inputs as they are (no copy
+    made contiguous), the outputs' layouts and the integers are kept as that
+    signature's `_CppPlan`, and later launches of it only allocate and call."""
+
+    PLANS = 16
+    cpp_plans: dict[Any, _CppPlan]
+    # while a signature's first launch runs: the integers it passed, if it passed the
+    # inputs as they are
+    learned: list[tuple[int, ...] | None] | None = None
+
     def __init__(self, spec: KernelSpec, fn: Any, fallback: Callable[..., Result]) -> None:
         self.spec = spec
         self.fn = fn
         self.fallback = fallback
         n_ptr = len(spec.inputs) + len(spec.outputs)
         n_int = spec.rank + sum(spec.rank for i in spec.inputs if not i.flat) + 2
-        fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
-        fn.restype = None
-        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
-        self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
+        self._cpp_types(n_ptr, n_int)
+
+    @property
+    def fn(self) -> Any:
+        return self._fn
+
+    @fn.setter
+    def fn(self, fn: Any) -> None:
+        self._fn = fn
+        self.cpp_plans = {}  # they call the kernel they were learned with
+
+    def _cpp_types(self, n_ptr: int, n_int: int) -> None:
+        self.fn.argtypes = [ctypes.c_void_p] * n_ptr + [ctypes.c_int64] * n_int
+        self.fn.restype = None
+        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in self.spec.outputs]
+        self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in self.spec.inputs]
+
+    def __call__(self, *inputs: torch.Tensor) -> Result:
+        try:
+            key = _cpp_signature(inputs)
+        except AttributeError:  # an input that is not a tensor: no plan for it
+            return self._launch_or_fallback(inputs)
+        plan = self.cpp_plans.get(key)
+        if plan is not None:
+            try:
+                return plan.launch(inputs)
+            except Exception:  # noqa: BLE001 - the full path below decides
+                self.cpp_plans = {}
+        if len(self.cpp_plans) >= self.PLANS or self.failed:
+            return self._launch_or_fallback(inputs)
+        learned: list[tuple[int, ...] | None] = []
+        fell_back = self.calls_fell_back
+        self.learned = learned
+        try:
+            result = self._launch_or_fallback(inputs)
+        finally:
+            self.learned = None
+        if len(learned) == 1 and not self.failed and self.calls_fell_back == fell_back:
+            outs = result if isinstance(result, tuple) else (result,)
+            self.cpp_plans[key] = _CppPlan(tuple(_alloc_of(o) for o in outs), self.fn,
+                                           learned[0])
+        return result
+
+    def plan_for(self, inputs: tuple[Any, ...]) -> Any:
+        try:
+            return self.cpp_plans.get(_cpp_signature(inputs))
+        except AttributeError:
+            return None
+
+    def _call(self, inputs: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor],
+              outs: list[torch.Tensor], ints: tuple[int, ...] | None) -> Result:
+        """Launch on `tensors` (the inputs as the kernel reads them) unless `ints` is
+        None (empty outputs), noting the integers for a plan being learned."""
+        if self.learned is not None and tensors is inputs:
+            self.learned.append(ints)
+        if ints is not None:
+            self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs], *ints)
+        return _result(outs)
 
     def launch(self, *inputs: torch.Tensor) -> Result:
         self.check_dtypes(inputs)
         g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
-        if g.numel:
-            self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs],
-                    *g.cpp_ints)
-        return _result(outs)
+        return self._call(inputs, tensors, outs, g.cpp_ints if g.numel else None)
 
 
 class TritonLauncher(Launcher):

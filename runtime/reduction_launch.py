@@ -4,7 +4,6 @@ sizes, and on the GPU the split of a long reduction over many programs."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,22 +34,15 @@ class ReductionCppLauncher(CppLauncher):
         self.spec = spec
         self.fn = fn
         self.fallback = fallback
-        n_int = spec.rank + len(stride_params(spec)) + 2
-        fn.argtypes = [ctypes.c_void_p] * (len(spec.inputs) + len(spec.outputs)) \
-            + [ctypes.c_int64] * n_int
-        fn.restype = None
-        self.out_dtypes = [TORCH_DTYPES[o.dtype] for o in spec.outputs]
-        self.in_dtypes = [TORCH_DTYPES[i.dtype] for i in spec.inputs]
+        self._cpp_types(len(spec.inputs) + len(spec.outputs),
+                        spec.rank + len(stride_params(spec)) + 2)
 
     def launch(self, *inputs: torch.Tensor) -> Result:
         self.check_dtypes(inputs)
         space, outs, tensors, strides, n_out, n_red, _ = _prepare_reduction(
             self.spec, inputs, self.out_dtypes, merged=True)
-        if outs[0].numel() == 0:
-            return _result(outs)
-        self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs], *space,
-                *strides, n_out, n_red)
-        return _result(outs)
+        ints = None if outs[0].numel() == 0 else (*space, *strides, n_out, n_red)
+        return self._call(inputs, tensors, outs, ints)
 
 
 class ReductionTritonLauncher(Launcher):

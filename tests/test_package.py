@@ -380,7 +380,8 @@ def test_a_kernel_that_cannot_launch_runs_its_aten_body(name: str, tmp_path: Pat
     assert kernels and all("aten" in k for k in kernels)
     assert [k["matrix_products"] for k in kernels] == [False] * len(kernels)  # no matmul kind
     loaded = rewritec.load_package(path)
-    launchers = [v for v in loaded._fn.__globals__.values() if isinstance(v, Launcher)]
+    wrapper = getattr(loaded._fn, "fn", loaded._fn)  # under a PlannedGraph, its wrapper
+    launchers = [v for v in wrapper.__globals__.values() if isinstance(v, Launcher)]
     assert len(launchers) == len(kernels)
 
     def broken(*args: object) -> None:
