@@ -1,6 +1,6 @@
 """Indexed ops inside pointwise kernels: `cat`, `slice_scatter`, `slice_backward`,
-`constant_pad_nd` (the op table's `indexed` category) and the `slice`s of values a
-kernel computes.
+`constant_pad_nd`, `take` (the op table's `indexed` category) and the `slice`s of
+values a kernel computes.
 
 A pointwise kernel computes its root at each element of its shape. An indexed op
 reads an operand at another position: cat's piece k at the element's index less
@@ -16,6 +16,14 @@ leave its input (a cat's piece beyond its range) is masked there; the op that re
 it selects, by the element's index, the operand that holds the element
 (`where(pos3 < 8, piece0, piece1)`), so a masked value is never used. Values are
 copied, never computed, by these ops: a fused chain gives eager's values.
+
+A take (an embedding lookup) reads x at a coordinate that is a value: the index,
+loaded at the element, names x's position along the take's dim (a *dynamic*
+coordinate: pinned to a variable, not a constant). Both operands of a take are
+kernel inputs (kinds/pointwise.py), and an index outside [0, size) is an error as in
+eager: the OpenMP launcher checks the index inputs before the launch (`bounds`,
+runtime/launch.py); a Triton kernel asserts it on the device (compiled with
+Triton's `debug` on, as Inductor compiles its gathers) and masks the load.
 
 Over static shapes only (`fits`): the pieces' offsets are constants in the source.
 Kernels with none of these ops never come here (kinds/pointwise.py renders them
@@ -38,6 +46,7 @@ from .kernels import (
     aligned_shape,
     cpp_value_type,
     cpp_read,
+    RenderError,
     literal,
     pad_widths,
     triton_load,
@@ -45,9 +54,10 @@ from .kernels import (
 )
 from .spec import KernelSpec
 
-# Per dim of the kernel's shape: (pinned, value). Pinned: the constant `value`;
-# else the element's index along the dim plus `value`.
-Coord = tuple[bool, int]
+# Per dim of the kernel's shape: (pinned, value). Pinned: the constant `value`, or
+# the variable it names (a dynamic coordinate: a take's index); else the element's
+# index along the dim plus `value`.
+Coord = tuple[bool, Any]
 Point = tuple[Coord, ...]
 
 
@@ -93,6 +103,8 @@ class Plan:
     loads: list[_Load] = field(default_factory=list)
     stmts: list[tuple[str, str, str]] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    # each take's index variable and the size it must stay below
+    checks: list[tuple[str, int]] = field(default_factory=list)
     _names: dict[tuple[Term, Point], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -147,6 +159,10 @@ class Plan:
             return self._load(t, point, size)
         if t.op == "constant_pad_nd":
             return self._pad(t, point)
+        if t.op == "take":
+            return self._take(t, point)
+        if any(_dynamic(c) for c in point) and t.op in MOVES:
+            raise RenderError(f"{t.op} read where a take's index points")
         if t.op in MOVES:
             rank = t.meta.rank
             j = t.attr("dim") % rank + len(self.shape) - rank
@@ -170,6 +186,8 @@ class Plan:
         """The coordinates along graph dim j that `c` takes over the kernel's elements,
         within a term of `size` there."""
         pinned, v = c
+        if _dynamic(c):
+            raise RenderError("a coordinate a take's index gives has no range here")
         if pinned:
             return v, v + 1
         return max(v, 0), min(self.shape[j] + v, size)
@@ -214,6 +232,20 @@ class Plan:
             ([f"{self.pos(j)} < {end - v}"] if end < hi else [])
         return self._statement(self.select(self.both(conds), value, base()), t)
 
+    def _take(self, t: Term, point: Point) -> str:
+        """take(x, index, dim): x at the element's point with its coordinate along
+        `dim` the index's value there."""
+        x, index = t.args
+        if x.op != "arg" or index.op != "arg":
+            raise RenderError("a take reads its operands from memory: both are inputs")
+        rank = len(self.shape)
+        j = t.attr("dim") % t.meta.rank + rank - t.meta.rank
+        at = self.value(index, point)
+        n = aligned_shape(x, rank)[j]
+        if (at, n) not in self.checks:
+            self.checks.append((at, n))
+        return self.value(x, point[:j] + ((True, at),) + point[j + 1:])
+
     def _pad(self, t: Term, point: Point) -> str:
         """constant_pad_nd(x, pad, value): x at the element's index less the padding
         before it, where that lies inside x; `value` elsewhere."""
@@ -251,25 +283,30 @@ class Plan:
 
     # ------------------------------------------------------------- loads
     def offset(self, load: _Load, dims: Callable[[int], bool] = lambda p: True,
-               unit: bool = False) -> str:
+               unit: bool = False, dynamic: bool = True) -> str:
         """Input k's offset at the load's point, summed over the space positions p
-        that `dims` keeps; `unit`: the innermost stride is 1."""
+        that `dims` keeps and, with `dynamic`, those whose coordinate is a variable
+        (wherever it is defined); `unit`: the innermost stride is 1."""
         rank = len(self.shape)
         terms = []
         for p, j in enumerate(self.perm):
-            if load.size[j] == 1 or not dims(p):
+            if load.size[j] == 1 or not (dynamic if _dynamic(load.point[j]) else dims(p)):
                 continue  # broadcast: stride 0
             stride = f"{self.spec.inputs[load.k].name}_stride{p}"
             c = self.coord(j, load.point[j])
             terms.append(c if unit and p == rank - 1 else f"{c} * {stride}")
         return " + ".join(terms) or "0"
 
-    def mask(self, load: _Load, dims: Callable[[int], bool] = lambda p: True) -> list[str]:
+    def mask(self, load: _Load, dims: Callable[[int], bool] = lambda p: True,
+             dynamic: bool = False) -> list[str]:
         """Conditions under which the load's point lies inside its input (at the
-        space positions `dims` keeps): empty where it always does."""
+        space positions `dims` keeps, and with `dynamic` where a variable names the
+        coordinate): empty where it always does."""
         conds = []
         for p, j in enumerate(self.perm):
             pinned, v = load.point[j]
+            if dynamic and _dynamic(load.point[j]) and load.size[j] != 1:
+                conds.append(self.both([f"{v} >= 0", f"{v} < {load.size[j]}"]))
             if pinned or load.size[j] == 1 or not dims(p):
                 continue
             if v < 0:
@@ -277,6 +314,11 @@ class Plan:
             if self.shape[j] + v > load.size[j]:
                 conds.append(f"{self.pos(j)} < {load.size[j] - v}")
         return conds
+
+
+def _dynamic(c: Coord) -> bool:
+    """A coordinate that a variable names (a take's index)."""
+    return c[0] and isinstance(c[1], str)
 
 
 def _moved(point: Point, j: int, by: int) -> Point:
@@ -304,11 +346,15 @@ def triton_parts(spec: KernelSpec, table: OpTable) -> tuple[list[str], list[str]
     rank = len(plan.shape)
     lines = [f"pos{p} = {e}" for p, e in _positions(rank, "offs", "//", range(rank))]
     for load in plan.loads:
-        mask = plan.both(["mask", *plan.mask(load)]) if plan.mask(load) else "mask"
+        conds = plan.mask(load, dynamic=True)
+        mask = plan.both(["mask", *conds]) if conds else "mask"
         off = plan.offset(load)
         if "pos" not in off:  # one element for every lane: still a block, as the mask is
             off = f"{off} + 0 * offs"
         lines.append(triton_load(spec, load.k, off, mask, load.name))
+    for at, n in plan.checks:  # active where the kernel is compiled with `debug`
+        lines.append(f'tl.device_assert((({at} >= 0) & ({at} < {n})) | ~mask, '
+                     f'"rewritec: an index of a take is out of range")')
     return lines, [f"{n} = {e}" for n, e, _ in plan.stmts], plan.outputs
 
 
@@ -343,7 +389,7 @@ def cpp_parts(spec: KernelSpec, table: OpTable) -> CppParts:
     bases: dict[str, str] = {}  # a load's offset at the outer positions -> its name
     rows: dict[str, str] = {}  # a load's conditions there -> their name
     for load in plan.loads:
-        base = plan.offset(load, outer)
+        base = plan.offset(load, outer, dynamic=False)
         if base not in bases:
             bases[base] = f"{load.name}_base"
             row.append(f"const int64_t {bases[base]} = {base};")
@@ -356,7 +402,7 @@ def cpp_parts(spec: KernelSpec, table: OpTable) -> CppParts:
         lines = [f"const int64_t pos{last} = c;"]
         for load in plan.loads:
             inp = spec.inputs[load.k]
-            base = bases[plan.offset(load, outer)]
+            base = bases[plan.offset(load, outer, dynamic=False)]
             cond = plan.both(plan.mask(load, outer))
             conds = ([rows[cond]] if cond else []) + plan.mask(load, inner)
             along = plan.offset(load, inner, unit)

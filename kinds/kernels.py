@@ -125,7 +125,7 @@ def aligned_shape(t: Term, rank: int) -> tuple[Any, ...]:
 # Ops that read an operand at other positions (the op table's `indexed` category),
 # which pointwise kernels compute (kinds/indexed.py), and the views among them: a
 # `slice` joins a pointwise kernel that holds one of the others (kinds/pointwise.py).
-INDEXED_OPS = ("cat", "slice_scatter", "slice_backward", "constant_pad_nd")
+INDEXED_OPS = ("cat", "slice_scatter", "slice_backward", "constant_pad_nd", "take")
 MOVES = (*INDEXED_OPS, "slice")
 
 
@@ -141,6 +141,11 @@ def _indexed_computable(t: Term) -> bool:
     dim, rank = t.attr("dim"), t.meta.rank
     if not whole(dim) or not -rank <= dim < rank:
         return False
+    if t.op == "take":
+        # x at the index's values (kinds/indexed.py: Plan._take): operands aligned from
+        # the right, as aten/take.py's shape rule checked when the term was made
+        x, index = t.args
+        return index.meta.rank == rank and x.meta.rank <= rank
     if t.op == "cat":
         d = dim % rank
         return len(t.args) >= 2 and all(
@@ -233,6 +238,13 @@ def spec_of(term: Term, index: int, kind: str,
             "rewrites": term.attr("rewrites", ())}
     if indexed:  # the launcher takes the (static) shape from here, not from the inputs
         meta["indexed"] = True
+    # each take's index input and the size its values must stay below: the OpenMP
+    # launcher checks them before a launch (runtime/launch.py: check_bounds)
+    bounds = {(t.args[1].attr("index"),
+               aligned_shape(t.args[0], rank)[t.attr("dim") % t.meta.rank + rank - t.meta.rank])
+              for t in body if t.op == "take" and t.args[1].op == "arg"}
+    if bounds:
+        meta["bounds"] = tuple(sorted(bounds))
     if any(t.op == "full" for t in body):  # a fill has sizes no input need have
         if not static_shape(shape):
             raise RenderError("a fill in a kernel of symbolic sizes: its sizes are not known")
@@ -498,6 +510,13 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     if t.op in RESHAPES:
         # inside a matmul kernel a reshape of the product is a renaming (MatmulSpace)
         return target == "triton" and on_device(t, target) and t.meta.dtype in FLOATS
+    if t.op == "take":
+        # x's values where an integer index points: x of the result's dtype
+        x, index = t.args
+        return (t.meta.dtype in FLOATS or t.meta.dtype in INTS) and t.meta.dtype in dtypes \
+            and _indexed_computable(t) and on_device(t, target) \
+            and x.meta.kind == "tensor" and x.meta.dtype == t.meta.dtype \
+            and index.meta.kind == "tensor" and index.meta.dtype in ("i32", "i64")
     if t.op in MOVES:
         # copies of values, at other positions: in pointwise kernels (kinds/indexed.py)
         return (t.meta.dtype in FLOATS or t.meta.dtype in INTS) and _indexed_computable(t) \

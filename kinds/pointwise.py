@@ -54,16 +54,18 @@ class PointwiseSpace:
     read, whatever its shape (a cat's pieces); of the views, only a slice, and only
     once the group holds an indexed op (`indexed`) or of one (a padded tensor's
     shifted part): a kernel without one keeps reading a slice of its input as the
-    view it is."""
+    view it is. A take's operands stay inputs: the kernel reads the index at the
+    element and x where it points (`loaded`)."""
 
     side_outputs = True
 
     def __init__(self, root: Term) -> None:
         self.shape = tuple(root.meta.shape)
         self.indexed = False
+        self.loaded: set[Term] = set()
 
     def fits(self, t: Term) -> bool:
-        if not kernel_value(t) or t.op in ROW_REDUCTIONS:
+        if not kernel_value(t) or t.op in ROW_REDUCTIONS or t in self.loaded:
             return False
         if t.op in MOVES or not broadcasts(tuple(t.meta.shape), self.shape):
             # what a cat reads, at other positions: computed values (pointwise, indexed)
@@ -74,6 +76,8 @@ class PointwiseSpace:
             ok = indexed.fits(t, self.shape) and (t.op != "slice" or self.indexed
                                                   or t.args[0].op in INDEXED_OPS)
             self.indexed |= ok and t.op in INDEXED_OPS
+            if ok and t.op == "take":
+                self.loaded.update(t.args)
             return ok
         return default_op_table().category(t.op) != "view"
 

@@ -336,6 +336,7 @@ class _Writer:
         self._bound: dict[int, str] = {}
         scope["_alloc"] = _launch._plan_alloc
         scope["_calloc"] = _launch._EMPTY_STRIDED_CPU or _launch._cpu_alloc
+        scope["_chk"] = _launch.check_bounds
         scope["_stream"] = CURRENT_STREAM
         scope["_lk"] = STATIC_LAUNCH
         scope["_rt"] = REINTERPRET
@@ -387,10 +388,12 @@ class _Writer:
         on the addresses and the integers, all written in."""
         outs = [f"_calloc({size!r}, {stride!r}, {self.bind(dtype)})"
                 for size, stride, dtype in plan.outs]
+        checks = [f"_chk(({''.join(x + ', ' for x in inputs)}), {plan.bounds!r})"] \
+            if plan.bounds else []  # a take's indices, as the launcher checks them
         if len(outs) == 1:
-            lines, out_names = [f"{target} = {outs[0]}"], [target]
+            lines, out_names = [*checks, f"{target} = {outs[0]}"], [target]
         else:
-            lines = [f"{target} = ({', '.join(outs)},)"]
+            lines = [*checks, f"{target} = ({', '.join(outs)},)"]
             out_names = [f"{target}[{j}]" for j in range(len(outs))]
         if plan.ints is not None:
             ptrs = [f"{x}.data_ptr()" for x in (*inputs, *out_names)]

@@ -34,6 +34,11 @@ class KernelFallback(UserWarning):
     """A fused group runs through ATen because its kernel could not be built."""
 
 
+class OutOfRange(IndexError):  # noqa: N818 - eager's error, raised as eager raises it
+    """A take's index outside its table (check_bounds): the caller's error, raised to
+    the caller, as eager raises it; not a failed launch."""
+
+
 class NoLaunch(Exception):  # noqa: N818 - a condition a launch meets, not a failure
     """This call cannot launch the kernel, though other calls may (a packaged kernel
     holding no binary for these sizes): it alone runs through ATen."""
@@ -159,6 +164,8 @@ class Launcher:
         if not self.failed:
             try:
                 return self.launch(*inputs)
+            except OutOfRange:
+                raise
             except NoLaunch as e:
                 if self.strict:
                     raise
@@ -316,13 +323,30 @@ class _CppPlan:
     outs: tuple[_Alloc, ...]
     fn: Any
     ints: tuple[int, ...] | None
+    bounds: tuple[tuple[int, int], ...] = ()  # the kernel's index inputs (check_bounds)
 
     def launch(self, inputs: tuple[torch.Tensor, ...]) -> Result:
+        if self.bounds:
+            check_bounds(inputs, self.bounds)
         outs = [_cpu_alloc(*o) for o in self.outs]
         if self.ints is not None:
             self.fn(*[x.data_ptr() for x in inputs], *[o.data_ptr() for o in outs],
                     *self.ints)
         return _result(outs)
+
+
+def check_bounds(inputs: Sequence[torch.Tensor], bounds: Iterable[tuple[int, int]]) -> None:
+    """Raise IndexError, as eager's embedding does, where index input k of a take
+    holds a value outside [0, n), for each (k, n) of `bounds` (kinds/kernels.py:
+    spec_of). The OpenMP launcher checks before its launch, so a kernel never reads
+    past its table; on the GPU the Triton kernel asserts it on the device."""
+    for k, n in bounds:
+        x = inputs[k]
+        if x.numel():
+            lo, hi = (int(v) for v in torch.aminmax(x))  # ints: cheaper than tensor tests
+            if lo < 0 or hi >= n:
+                bad = lo if lo < 0 else hi
+                raise OutOfRange(f"index out of range in self: {bad} is not in [0, {n})")
 
 
 def _cpp_signature(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
@@ -382,6 +406,8 @@ class CppLauncher(Launcher):
         if plan is not None:
             try:
                 return plan.launch(inputs)
+            except OutOfRange:
+                raise
             except Exception:  # noqa: BLE001 - the full path below decides
                 self.cpp_plans = {}
         if len(self.cpp_plans) >= self.PLANS or self.failed:
@@ -396,7 +422,7 @@ class CppLauncher(Launcher):
         if len(learned) == 1 and not self.failed and self.calls_fell_back == fell_back:
             outs = result if isinstance(result, tuple) else (result,)
             self.cpp_plans[key] = _CppPlan(tuple(_alloc_of(o) for o in outs), self.fn,
-                                           learned[0])
+                                           learned[0], self.spec.meta.get("bounds", ()))
         return result
 
     def plan_for(self, inputs: tuple[Any, ...]) -> Any:
@@ -411,6 +437,9 @@ class CppLauncher(Launcher):
         None (empty outputs), noting the integers for a plan being learned."""
         if self.learned is not None and tensors is inputs:
             self.learned.append(ints)
+        bounds = self.spec.meta.get("bounds")
+        if bounds:
+            check_bounds(inputs, bounds)
         if ints is not None:
             self.fn(*[t.data_ptr() for t in tensors], *[o.data_ptr() for o in outs], *ints)
         return _result(outs)
@@ -434,6 +463,9 @@ class TritonLauncher(Launcher):
 
     def launch(self, *inputs: torch.Tensor) -> Result:
         self.check_dtypes(inputs)
+        bounds = self.spec.meta.get("bounds")
+        if bounds and inputs[0].device.type == "cpu":
+            check_bounds(inputs, bounds)  # Triton's interpreter skips device asserts
         g, outs, tensors = _prepare(self.spec, inputs, self.out_dtypes)
         if g.numel:
             self._run(g, outs, tensors)

@@ -64,7 +64,7 @@ from .cudagraphs import UNSAFE, CudaGraphRunner, auto_declines
 from .graph_plans import planned
 from .launch import _EMPTY_STRIDED_CUDA, Launcher, NoLaunch
 from .program import Program
-from .recipe import LAUNCHERS
+from .recipe import LAUNCHERS, triton_options
 from .triton_direct import DirectKernel
 
 FORMAT = "rewritec-package"
@@ -421,10 +421,12 @@ def _triton(cls: Any, spec: KernelSpec, entry: dict[str, Any], members: dict[str
             str(b["call"]), str(b.get("kwargs", "")), _assume(b.get("assume"), where),
             b["meta"], paths[digest]))
 
+    source = members.get(str(entry.get("source")), b"").decode(errors="replace")
+    options = triton_options(source, bool(entry.get("contract")))
+
     def kernel(symbol: str) -> DirectKernel:
         return DirectKernel(load=_no_jit(where, symbol), binaries=PackagedBinaries(
-            found.get(symbol, [])), symbol=symbol,
-            options={"enable_fp_fusion": bool(entry.get("contract"))})
+            found.get(symbol, [])), symbol=symbol, options=options)
 
     spec = replace(spec, autotune=False)  # the binaries are the configurations it chose
     if cls.__name__ == "ReductionTritonLauncher":

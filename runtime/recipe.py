@@ -100,12 +100,23 @@ def _new_direct(source: str, path: Path, symbol: str, lazy: bool, contract: bool
             lazy = ahead.running()
     # Triton fuses multiply-adds unless told not to (Inductor too, unless it emulates
     # eager's precision): every launch passes the choice, so it is in every call key
-    options = {"enable_fp_fusion": contract}
+    options = triton_options(source, contract)
     if lazy:
         return DirectKernel(load=lambda: load_triton(path, symbol), binaries=binaries,
                             path=path, symbol=symbol, options=options)
     return DirectKernel(load_triton(path, symbol), binaries=binaries, path=path, symbol=symbol,
                         options=options)
+
+
+def triton_options(source: str, contract: bool) -> dict[str, Any]:
+    """The compile options every launch of a kernel of `source` passes: whether
+    multiply-adds fuse, and for a kernel that asserts on the device (a take's
+    index: kinds/indexed.py) Triton's `debug`, without which its asserts compile to
+    nothing, and no overflow checks of its own (as Inductor compiles its gathers)."""
+    options: dict[str, Any] = {"enable_fp_fusion": contract}
+    if "tl.device_assert(" in source:
+        options.update(debug=True, sanitize_overflow=False)
+    return options
 
 
 def _launcher_type(name: str) -> type[Launcher]:

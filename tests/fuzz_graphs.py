@@ -297,6 +297,10 @@ def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
         pos = torch.arange(rows.shape[0], device=x.device)
         target = torch.where(pos % 3 == 1, -100, (pos * 7) % rows.shape[1])
         return F.cross_entropy(rows, target, ignore_index=-100, reduction=p[0])
+    if name == "embedding":  # rows of a 2-d table by ids made from positions
+        ids_shape, mult = p
+        ids = (torch.arange(math.prod(ids_shape), device=x.device) * mult + 1) % x.shape[0]
+        return F.embedding(ids.reshape(ids_shape), x)
     if name == "batch_norm":  # training: the batch's statistics per channel (dim 1)
         return F.batch_norm(x, None, None, training=True, eps=p[0])
     if name == "transpose":
@@ -833,6 +837,8 @@ def _op_kinds(x: torch.Tensor, allow_conv: bool, computed: bool) -> list[str]:
         kinds.append("batch_norm")
     if r >= 1 and x.is_floating_point():
         kinds.append("cross_entropy")  # an integer comparison inside its row kernels
+    if r == 2 and x.is_floating_point():
+        kinds.append("embedding")  # a take: rows read by id (rules/decompose/gathers.yaml)
     kinds += ["reshape", "view", "expand", "unsqueeze"]
     if r >= 1:
         kinds.append("matmul")
@@ -926,6 +932,8 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
         p = (draw(st.sampled_from([1e-5, 1e-3])),)
     elif kind == "cross_entropy":
         p = (draw(st.sampled_from(["mean", "sum", "none"])),)
+    elif kind == "embedding":
+        p = (draw(st.sampled_from([(3,), (2, 5), (1, 4, 3)])), draw(st.sampled_from([1, 3, 7])))
     elif kind == "transpose":
         p = (draw(st.integers(-r, r - 1)), draw(st.integers(-r, r - 1)))
     elif kind == "permute":

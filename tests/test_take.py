@@ -1,0 +1,173 @@
+"""Embedding lookups in kernels: `embedding(w, ids)` is written as a `take` of the
+table by the ids (rules/decompose/gathers.yaml; aten/take.py), which a pointwise
+kernel computes with what reads it (kinds/indexed.py). Against eager on every
+kernel target, over dtypes, shapes, strided tables and ids, int32 and int64 ids,
+forward and backward; an id outside the table raises IndexError as eager does,
+and a take the kernels do not take runs ATen's embedding again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rewritec  # noqa: F401 - registers the backend
+from models import kernel_targets, outside_ops, rules_fired
+from rewritec import report
+from rewritec.aten.take import take, take_shape
+
+DEVICE, TARGETS = kernel_targets()
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _compiled(fn: Callable[..., torch.Tensor], target: str) -> Callable[..., torch.Tensor]:
+    report.reset()
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="rewritec", options={"target": target, "strict": True})
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
+
+# ------------------------------------------------------------------ the op itself
+@pytest.mark.parametrize("ids_shape", [(5,), (2, 7), (2, 3, 4)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_take_of_a_table_is_an_embedding(ids_shape, dtype) -> None:
+    w = torch.randn(11, 6)
+    ids = torch.randint(0, 11, ids_shape, dtype=dtype)
+    got = take(w, ids.unsqueeze(-1), -2)
+    torch.testing.assert_close(got, F.embedding(ids, w), rtol=0, atol=0)
+
+
+def test_take_along_any_dim_is_a_gather_with_broadcasts() -> None:
+    x = torch.randn(4, 9, 3)
+    index = torch.randint(0, 9, (4, 5, 1))  # broadcast along the last dim
+    want = torch.gather(x, 1, index.expand(4, 5, 3))
+    torch.testing.assert_close(take(x, index, 1), want, rtol=0, atol=0)
+    row = torch.randn(9, 3)  # fewer dims: aligned from the right, broadcast along dim 0
+    torch.testing.assert_close(take(row, index, 1),
+                               torch.gather(row.expand(4, 9, 3), 1, index.expand(4, 5, 3)))
+    assert take_shape([9, 3], [4, 5, 1], 1) == [4, 5, 3]
+    with pytest.raises(ValueError, match="do not broadcast"):
+        take_shape([4, 9, 3], [2, 5, 1], 1)
+
+
+def test_an_id_outside_the_table_raises_index_error() -> None:
+    w = torch.randn(10, 4)
+    for bad in (10, -1):
+        with pytest.raises(IndexError):
+            take(w, torch.tensor([[1], [bad]]), -2)
+
+
+# ------------------------------------------------------------------ in kernels
+def embeddings(ids: torch.Tensor, pos: torch.Tensor, wte: torch.Tensor,
+               wpe: torch.Tensor) -> torch.Tensor:
+    """GPT-2's input: token and position embeddings added."""
+    return F.embedding(ids, wte) + F.embedding(pos, wpe)
+
+
+def bert_like(ids: torch.Tensor, pos: torch.Tensor, wte: torch.Tensor,
+              wpe: torch.Tensor) -> torch.Tensor:
+    """BERT's: three embeddings summed (a padding id), then layer norm."""
+    h = F.embedding(ids, wte, padding_idx=0) + F.embedding(pos, wpe) + wpe[0]
+    return F.layer_norm(h, h.shape[-1:])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("batch,seq,vocab,width", [(2, 8, 50, 16), (3, 5, 7, 33), (1, 1, 3, 8)])
+@pytest.mark.parametrize("fn", [embeddings, bert_like])
+def test_embeddings_run_in_one_kernel_and_equal_eager(target, dtype, batch, seq, vocab, width,
+                                                      fn) -> None:
+    torch.manual_seed(0)
+    wte = torch.randn(vocab, width, dtype=dtype, device=DEVICE)
+    wpe = torch.randn(seq + 3, width, dtype=dtype, device=DEVICE)
+    ids = torch.randint(0, vocab, (batch, seq), device=DEVICE)
+    pos = torch.arange(seq, device=DEVICE).expand(batch, seq)
+    compiled = _compiled(fn, target)
+    for _ in range(3):  # the second call records, the third runs a written variant
+        torch.testing.assert_close(compiled(ids, pos, wte, wpe), fn(ids, pos, wte, wpe),
+                                   **_tol(dtype))
+    assert rules_fired()["embedding-as-take"] >= 2
+    assert "embedding" not in outside_ops() and "take" not in outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_strided_tables_and_ids_int32(target) -> None:
+    torch.manual_seed(0)
+    table = torch.randn(12, 32, device=DEVICE)[:, ::2]  # [12, 16], a step along each row
+    wpe = torch.randn(16, 12, device=DEVICE).t()  # [12, 16], transposed
+    ids = torch.randint(0, 12, (4, 6), device=DEVICE, dtype=torch.int32)
+    ids_t = torch.randint(0, 12, (6, 4), device=DEVICE).t()  # strided ids
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.embedding(a, table) * 2.0 + F.embedding(b, wpe)
+
+    compiled = _compiled(fn, target)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(ids, ids_t), fn(ids, ids_t))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_id_outside_the_table_raises_in_every_call(target) -> None:
+    wte = torch.randn(20, 8, device=DEVICE)
+    wpe = torch.randn(20, 8, device=DEVICE)
+    compiled = _compiled(embeddings, target)
+    ids = torch.randint(0, 20, (2, 5), device=DEVICE)
+    pos = torch.arange(5, device=DEVICE).expand(2, 5)
+    for call in range(4):  # plain, recording, written variant: each checks its ids
+        bad = ids.clone()
+        bad[1, call] = 20 + call
+        with pytest.raises(IndexError):
+            compiled(bad, pos, wte, wpe)
+        torch.testing.assert_close(compiled(ids, pos, wte, wpe), embeddings(ids, pos, wte, wpe))
+    negative = ids.clone()
+    negative[0, 0] = -1
+    with pytest.raises(IndexError):
+        compiled(negative, pos, wte, wpe)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_language_model_step_with_embeddings_in_kernels(target) -> None:
+    """Forward and backward: the lookups run in kernels, the tables' gradients are
+    ATen's embedding backward, and both equal eager's."""
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = torch.nn.Embedding(30, 16, padding_idx=1)
+            self.wpe = torch.nn.Embedding(12, 16)
+            self.norm = torch.nn.LayerNorm(16)
+            self.head = torch.nn.Linear(16, 30)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            return self.head(self.norm(self.wte(ids) + self.wpe(pos)))
+
+    model = Tiny().to(DEVICE)
+    compiled = _compiled(model, target)
+    for _ in range(3):
+        ids = torch.randint(0, 30, (3, 10), device=DEVICE)
+        grads = []
+        for f in (model, compiled):
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(f(ids).flatten(0, 1), ids.flatten()).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for got, want in zip(grads[1], grads[0], strict=True):
+            torch.testing.assert_close(got, want)
+    assert "embedding" not in outside_ops()
+
+
+def test_a_take_no_kernel_takes_runs_atens_embedding() -> None:
+    """Kernels off: the rewritten graph still runs, through rewritec::take's eager
+    meaning, an embedding."""
+    w = torch.randn(9, 4)
+    ids = torch.randint(0, 9, (2, 3))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda i: F.embedding(i, w) * 3.0, backend="rewritec",
+                             options={"target": "aten"})
+    torch.testing.assert_close(compiled(ids), F.embedding(ids, w) * 3.0)
