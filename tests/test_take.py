@@ -171,3 +171,45 @@ def test_a_take_no_kernel_takes_runs_atens_embedding() -> None:
     compiled = torch.compile(lambda i: F.embedding(i, w) * 3.0, backend="rewritec",
                              options={"target": "aten"})
     torch.testing.assert_close(compiled(ids), F.embedding(ids, w) * 3.0)
+
+
+def test_a_triton_take_kernel_compiles_for_sm90_with_its_asserts(tmp_path) -> None:
+    """The Triton kernel of a take, compiled for an H100 by Triton itself (no GPU
+    needed) with the options every launch passes (runtime/recipe.py:
+    triton_options): Triton's `debug` keeps the index assert in the binary."""
+    triton = pytest.importorskip("triton")
+    import importlib.util
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from rewritec.runtime.recipe import triton_options
+
+    wte, wpe = torch.randn(50, 16), torch.randn(8, 16)
+    compiled = _compiled(embeddings, "triton")
+    ids, pos = torch.randint(0, 50, (2, 8)), torch.arange(8).expand(2, 8)
+    torch.testing.assert_close(compiled(ids, pos, wte, wpe), embeddings(ids, pos, wte, wpe))
+    (kernel,) = [k for r in report.RECORDS for k in r.kernels if k["target"] == "triton"]
+    source = open(kernel["source"]).read()
+    options = triton_options(source, contract=False)
+    assert options["debug"] is True and "tl.device_assert(" in source
+    module = importlib.util.spec_from_file_location("take_kernel", kernel["source"])
+    loaded = importlib.util.module_from_spec(module)
+    module.loader.exec_module(loaded)  # type: ignore[union-attr]
+    from triton.runtime.jit import JITFunction
+
+    fn = getattr(loaded, next(n for n in dir(loaded) if n.startswith("fuse_")))
+    # under TRITON_INTERPRET the decorator gave an interpreted function: compile its own
+    jit = fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)
+    ptrs = {"in0_ptr": "*fp32", "in1_ptr": "*i64", "in2_ptr": "*fp32", "in3_ptr": "*i64",
+            "out_ptr": "*fp32"}
+    sizes = {"size0": 2, "size1": 8, "size2": 16, "BLOCK_SIZE": 1024}
+    signature = {a: ptrs.get(a, "constexpr" if a in sizes else "i64") for a in jit.arg_names}
+    constants = {(i,): sizes[a] for i, a in enumerate(jit.arg_names) if a in sizes}
+    try:
+        binary = triton.compile(ASTSource(jit, signature, constants, {}),
+                                target=GPUTarget("cuda", 90, 32),
+                                options=options)
+    except Exception as e:  # noqa: BLE001 - a Triton without the CUDA backend's tools
+        pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}: {e}")
+    assert "__assertfail" in binary.asm["ptx"]
