@@ -359,8 +359,8 @@ NEW_PROCESS_GRAPHS = {
         pos = torch.arange(6).to(d)
         emb = torch.nn.functional.embedding
         f = lambda ids, w, p: torch.relu(emb(ids, w) + emb(pos, p))
-        args, options = (ids, w, p), {"strict": True, "target": "triton" if d == "cuda" else "openmp"}
-        tol = {}
+        target = "triton" if d == "cuda" else "openmp"
+        args, options, tol = (ids, w, p), {"strict": True, "target": target}, {}
         if d == "cpu":
             bad = ids.clone()
             bad[0, 0] = 40
