@@ -223,6 +223,27 @@ def test_counts_of_masks_are_exact_in_kernels(target, dims) -> None:
     assert not outside, outside
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,dim,keepdim", [((4, 8), -1, True), ((2, 3, 5, 7), 1, False),
+                                               ((3, 5000), -1, True), ((9,), 0, False)], ids=str)
+def test_any_along_a_dim_is_a_count_in_a_kernel(target, shape, dim, keepdim) -> None:
+    """any(mask, dim) (SDPA's decomposition asks it of every attention row) is a count
+    that is not zero (rules/decompose/reductions.yaml), computed in a kernel: rows
+    with no true, with one, with all."""
+    torch.manual_seed(0)
+    x = torch.rand(shape, device=DEVICE)
+    x.reshape(-1)[:3] = 2.0  # a few true elements in an otherwise false row
+    if x.dim() > 1:
+        x.select(dim, 0).fill_(0.5)  # rows with no element above 1.5
+
+    def fn(x):
+        return torch.any(x > 1.5, dim=dim, keepdim=keepdim), \
+            torch.any(~(x > 1.5), dim=dim, keepdim=keepdim)
+
+    outside, kernels = _run(fn, [x], target)
+    assert not outside and kernels >= 1, outside
+
+
 @pytest.mark.skipif(INTERPRETED and "openmp" not in TARGETS, reason="2**24 elements")
 def test_a_count_past_float32_is_exact() -> None:
     """2**24 + 3 kept elements: float32 would give 2**24 + 4."""
