@@ -165,8 +165,13 @@ def graph_signature(args: list[Any], cuda: bool = True) -> tuple[Any, ...]:
     """What a graph's variant depends on: the current device (`cuda`: the graph
     launches CUDA kernels), whether cuDNN is on (a convolution's output layout may
     differ without it) and each argument's signature, a tensor's as a launch's
-    (runtime/launch.py: _signature)."""
-    return (_launch._plan_device() if cuda else -1, torch.backends.cudnn.enabled,
+    (runtime/launch.py: _signature): its address modulo 16 only where Triton's
+    kernels specialize on it (an OpenMP kernel reads any address)."""
+    if not cuda:
+        return (-1, torch.backends.cudnn.enabled,
+                *[(x.shape, x.stride(), x.dtype, x.get_device())
+                  if isinstance(x, torch.Tensor) else (type(x), x) for x in args])
+    return (_launch._plan_device(), torch.backends.cudnn.enabled,
             *[(x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15)
               if isinstance(x, torch.Tensor) else (type(x), x) for x in args])
 
