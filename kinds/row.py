@@ -13,12 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.fuse import ROW_REDUCTIONS, FLOATS, body_terms, kernel_value, reduced_dim
+from ..engine.fuse import (
+    FLOATS,
+    ROW_REDUCTIONS,
+    body_terms,
+    broadcasts,
+    kernel_value,
+    reduced_dim,
+)
 from ..engine.ops import OpTable
 from ..engine.term import Term
 from .accumulators import PAIRWISE_CHUNK, cpp_accumulator
 from .kernels import (
     CPP_DTYPES,
+    MOVES,
+    aligned_shape,
     check_template,
     cpp_value_type,
     cpp_params,
@@ -39,7 +48,7 @@ from .kernels import (
     whole,
 )
 from .kind import Kind
-from .row_looped import looped
+from .row_looped import PERSISTENT_ROW_MAX_COLS, looped
 from .spec import KernelSpec, KInput
 from .templates import render_template
 from .tuning import RowTuning
@@ -59,6 +68,7 @@ class RowSpace:
         self.dim = reduced_dim(root)
         src = root.args[0] if self.dim is not None else root
         self.shape = tuple(src.meta.shape)
+        self.loaded: set[Term] = set()  # a take's operands: kernel inputs
 
     def per_row(self) -> tuple[Any, ...] | None:
         if self.dim is None:
@@ -68,8 +78,10 @@ class RowSpace:
     def fits(self, t: Term) -> bool:
         if t.op == "iota" and self.shape:  # positions along the row: the column index
             return self._along_rows(t)
-        if not kernel_value(t) or not self.shape:
+        if not kernel_value(t) or not self.shape or t in self.loaded:
             return False
+        if t.op in MOVES:
+            return t.op == "take" and self._take(t)
         if t.op in ROW_REDUCTIONS:
             if t.meta.dtype not in FLOATS:
                 return False  # a count: the reduction kind's (in f64)
@@ -87,6 +99,24 @@ class RowSpace:
             if len(ones) == 1 and shape[ones[0]] == 1:
                 self.dim = ones[0]
         return shape in (self.shape, self.per_row())
+
+    def _take(self, t: Term) -> bool:
+        """A take of the rows' shape (or one that broadcasts to it: positions shared by
+        a batch) that picks whole rows of a table (an embedding read by a norm): rows
+        along the last dim, one index per row, the picked dim
+        another, and rows no wider than one pass keeps in registers (Triton's
+        looped rows read no take). Its operands stay inputs."""
+        rank = len(self.shape)
+        x, index = t.args
+        if not broadcasts(tuple(t.meta.shape), self.shape) or self.dim not in (None, rank - 1) \
+                or not isinstance(self.shape[-1], int) \
+                or self.shape[-1] > PERSISTENT_ROW_MAX_COLS \
+                or t.attr("dim") % t.meta.rank == t.meta.rank - 1 or index.meta.shape[-1] != 1 \
+                or aligned_shape(x, rank)[-1] != self.shape[-1]:
+            return False
+        self.dim = rank - 1
+        self.loaded.update(t.args)
+        return True
 
     def _along_rows(self, t: Term) -> bool:
         """An iota of the space's rank whose one long dim is the rows' (it fixes the
@@ -144,11 +174,14 @@ def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 # ------------------------------------------------------------------------- Triton
 def _render_triton(spec: KernelSpec, table: OpTable) -> str:
     names = term_names(spec)
-    loads = [_triton_load(spec, k, inp) for k, inp in enumerate(spec.inputs)]
+    tables = _tables(spec)
+    loads = [_triton_load(spec, k, inp) for k, inp in enumerate(spec.inputs) if k not in tables]
     stmts: list[str] = []
     for t in spec.body:
         if t.op in ROW_REDUCTIONS:
             stmts += _triton_reduce(spec, t, names)
+        elif t.op == "take":
+            stmts += _triton_take(spec, t, names)
         elif t.op not in ("arg", "const"):
             stmts.append(triton_statement(t, names, table))
     stores = [triton_store(spec, o, names[t], "row", None) if o.per_row else
@@ -158,6 +191,29 @@ def _render_triton(spec: KernelSpec, table: OpTable) -> str:
                            header=kernel_header(spec, "triton", "#"), name=spec.symbol,
                            params=triton_params(spec, row_width_param(spec)), loads=loads,
                            stmts=stmts, stores=stores)
+
+
+def _tables(spec: KernelSpec) -> set[int]:
+    """The inputs only takes read (their tables): rows an index names, not the row's."""
+    read = {a.attr("index") for t in spec.body if t.op != "take" for a in t.args
+            if a.op == "arg"}
+    return {t.args[0].attr("index") for t in spec.body if t.op == "take"} - read
+
+
+def _triton_take(spec: KernelSpec, t: Term, names: dict[Term, str]) -> list[str]:
+    """A take's element: the table's row the per-row index names, masked and asserted
+    inside the table (kinds/indexed.py does the same for pointwise kernels)."""
+    x, index = t.args
+    rank, k = spec.rank, x.attr("index")
+    inp, at = spec.inputs[k], names[index]
+    j = t.attr("dim") % t.meta.rank + rank - t.meta.rank
+    n = aligned_shape(x, rank)[j]
+    inside = f"({at} >= 0) & ({at} < {n})"
+    # the row read is clamped into the table (the assert reports an index outside it)
+    row = f"tl.where({inside}, {at}, 0) * {inp.name}_stride{j} + " if n != 1 else ""
+    return [f'tl.device_assert({inside}, "rewritec: an index of a take is out of range")',
+            triton_load(spec, k, f"{row}cols * {inp.name}_stride{rank - 1}", "mask",
+                        names[t])]
 
 
 def _triton_load(spec: KernelSpec, k: int, inp: KInput) -> str:
@@ -210,6 +266,18 @@ class _CppRow:
         self.ctype = CPP_DTYPES[self.spec.compute]
         self.done = {t for t in self.spec.body if t.op == "arg" and per_row(t, self.spec)}
 
+    def take(self, t: Term) -> str:
+        """A take's element: its table's row the per-row index names, at column c."""
+        x, index = t.args
+        rank, spec = self.spec.rank, self.spec
+        inp = spec.inputs[x.attr("index")]
+        j = t.attr("dim") % t.meta.rank + rank - t.meta.rank
+        sizes = aligned_shape(x, rank)
+        off = " + ".join([f"{self.names[index]} * {inp.name}_stride{j}"] * (sizes[j] != 1)
+                         + [f"c * {inp.name}_stride{rank - 1}"])
+        return f"const {cpp_value_type(t.meta.dtype, self.ctype)} {self.names[t]} = " \
+            f"{cpp_read(inp.dtype, f'{inp.name}_ptr[{off}]')};"
+
     def load(self, inp: KInput, idx: int) -> str:
         spec = self.spec
         if inp.per_row:
@@ -231,7 +299,8 @@ class _CppRow:
             if u not in reach:
                 reach.add(u)
                 if u not in known:
-                    stack.extend(u.args)
+                    # a take's table is read by the take itself, not loaded at (r, c)
+                    stack.extend(u.args[1:] if u.op == "take" else u.args)
         return [t for t in self.spec.body if t in reach and t not in known and t.op != "const"
                 and t not in self.done and not per_row(t, self.spec)]
 
@@ -246,6 +315,8 @@ class _CppRow:
         for t in terms:
             if t.op == "arg":
                 out.append(self.load(self.spec.inputs[t.attr("index")], t.attr("index")))
+            elif t.op == "take":
+                out.append(self.take(t))
             else:
                 out.append(cpp_statement(t, self.names, self.ctype, self.table))
         return out, terms

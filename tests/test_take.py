@@ -28,6 +28,11 @@ def _compiled(fn: Callable[..., torch.Tensor], target: str) -> Callable[..., tor
     return torch.compile(fn, backend="rewritec", options={"target": target, "strict": True})
 
 
+def _kernels_compute(target: str, dtype: torch.dtype) -> bool:
+    """OpenMP kernels compute no f16 (kinds/kernels.py: CPP_DTYPES): ATen runs it."""
+    return not (target == "openmp" and dtype == torch.float16)
+
+
 def _tol(dtype: torch.dtype) -> dict[str, float]:
     return {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
 
@@ -92,7 +97,8 @@ def test_embeddings_run_in_one_kernel_and_equal_eager(target, dtype, batch, seq,
         torch.testing.assert_close(compiled(ids, pos, wte, wpe), fn(ids, pos, wte, wpe),
                                    **_tol(dtype))
     assert rules_fired()["embedding-as-take"] >= 2
-    assert "embedding" not in outside_ops() and "take" not in outside_ops()
+    assert "embedding" not in outside_ops()
+    assert ("rewritec::take" in outside_ops()) != _kernels_compute(target, dtype)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -159,7 +165,7 @@ def test_a_language_model_step_with_embeddings_in_kernels(target) -> None:
             grads.append([p.grad.clone() for p in model.parameters()])
         for got, want in zip(grads[1], grads[0], strict=True):
             torch.testing.assert_close(got, want)
-    assert "embedding" not in outside_ops()
+    assert "embedding" not in outside_ops() and "rewritec::take" not in outside_ops()
 
 
 def test_a_take_no_kernel_takes_runs_atens_embedding() -> None:
@@ -213,3 +219,39 @@ def test_a_triton_take_kernel_compiles_for_sm90_with_its_asserts(tmp_path) -> No
     except Exception as e:  # noqa: BLE001 - a Triton without the CUDA backend's tools
         pytest.skip(f"Triton cannot compile for sm_90 here: {type(e).__name__}: {e}")
     assert "__assertfail" in binary.asm["ptx"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("width", [16, 33, 2050])
+def test_a_norm_reads_its_rows_straight_from_the_tables(target, dtype, width) -> None:
+    """Embeddings summed, then layer norm: one row kernel reads each row from the
+    tables by id (kinds/row.py: RowSpace._take), the sum a side output; positions
+    shared by the batch broadcast. Rows wider than one pass keeps in registers read
+    no take: the takes are a kernel of their own there, and stay right."""
+    torch.manual_seed(0)
+    wte = torch.randn(40, width, dtype=dtype, device=DEVICE)
+    wpe = torch.randn(9, width, dtype=dtype, device=DEVICE)
+    w, b = torch.randn(width, dtype=dtype, device=DEVICE), torch.randn(width, dtype=dtype,
+                                                                       device=DEVICE)
+
+    def fn(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = F.embedding(ids, wte) + F.embedding(torch.arange(ids.shape[1], device=DEVICE), wpe)
+        return h, F.layer_norm(h, (width,), w, b)
+
+    compiled = _compiled(fn, target)
+    ids = torch.randint(0, 40, (3, 7), device=DEVICE)
+    for _ in range(3):
+        for got, want in zip(compiled(ids), fn(ids), strict=True):
+            torch.testing.assert_close(got, want, **_tol(dtype))
+    takes: dict[str, int] = {}
+    for k in (k for r in report.RECORDS for k in r.kernels if k["ops"].get("take")):
+        kind = k["name"].split("_")[2]
+        takes[kind] = takes.get(kind, 0) + k["ops"]["take"]
+    if _kernels_compute(target, dtype):
+        assert takes == ({"row": 2} if width <= 2048 else {"indexed": 2}), takes
+        assert "rewritec::take" not in outside_ops()
+    bad = ids.clone()
+    bad[2, 6] = 40
+    with pytest.raises(IndexError):
+        compiled(bad)
