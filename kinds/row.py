@@ -101,11 +101,11 @@ class RowSpace:
         return shape in (self.shape, self.per_row())
 
     def _take(self, t: Term) -> bool:
-        """A take of the rows' shape (or one that broadcasts to it: positions shared by
-        a batch) that picks whole rows of a table (an embedding read by a norm): rows
-        along the last dim, one index per row, the picked dim
-        another, and rows no wider than one pass keeps in registers (Triton's
-        looped rows read no take). Its operands stay inputs."""
+        """A take of the rows' shape, or one that broadcasts to it (positions shared
+        by a batch), that picks whole rows of a table (an embedding read by a norm):
+        rows along the last dim, one index per row, another dim picked, and rows no
+        wider than one pass keeps in registers (Triton's looped rows read no take).
+        Its operands stay kernel inputs."""
         rank = len(self.shape)
         x, index = t.args
         if not broadcasts(tuple(t.meta.shape), self.shape) or self.dim not in (None, rank - 1) \
