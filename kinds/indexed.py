@@ -49,6 +49,7 @@ from .kernels import (
     RenderError,
     literal,
     pad_widths,
+    take_dim,
     triton_load,
     value_expr,
 )
@@ -239,7 +240,7 @@ class Plan:
         if x.op != "arg" or index.op != "arg":
             raise RenderError("a take reads its operands from memory: both are inputs")
         rank = len(self.shape)
-        j = t.attr("dim") % t.meta.rank + rank - t.meta.rank
+        j = take_dim(t, rank)
         at = self.value(index, point)
         n = aligned_shape(x, rank)[j]
         if (at, n) not in self.checks:

@@ -122,6 +122,12 @@ def aligned_shape(t: Term, rank: int) -> tuple[Any, ...]:
     return (1,) * (rank - t.meta.rank) + tuple(t.meta.shape)
 
 
+def take_dim(t: Term, rank: int) -> int:
+    """The dim of a kernel space of `rank` dims along which take `t` reads its table
+    where the index points (operands aligned from the right, as `aligned_shape`)."""
+    return int(t.attr("dim")) % t.meta.rank + rank - t.meta.rank
+
+
 # Ops that read an operand at other positions (the op table's `indexed` category),
 # which pointwise kernels compute (kinds/indexed.py), and the views among them: a
 # `slice` joins a pointwise kernel that holds one of the others (kinds/pointwise.py).
@@ -240,8 +246,7 @@ def spec_of(term: Term, index: int, kind: str,
         meta["indexed"] = True
     # each take's index input and the size its values must stay below: the OpenMP
     # launcher checks them before a launch (runtime/launch.py: check_bounds)
-    bounds = {(t.args[1].attr("index"),
-               aligned_shape(t.args[0], rank)[t.attr("dim") % t.meta.rank + rank - t.meta.rank])
+    bounds = {(t.args[1].attr("index"), aligned_shape(t.args[0], rank)[take_dim(t, rank)])
               for t in body if t.op == "take" and t.args[1].op == "arg"}
     if bounds:
         meta["bounds"] = tuple(sorted(bounds))

@@ -40,6 +40,7 @@ from .kernels import (
     row_width_param,
     spec_of,
     strided_offset,
+    take_dim,
     term_names,
     triton_load,
     triton_params,
@@ -111,7 +112,7 @@ class RowSpace:
         if not broadcasts(tuple(t.meta.shape), self.shape) or self.dim not in (None, rank - 1) \
                 or not isinstance(self.shape[-1], int) \
                 or self.shape[-1] > PERSISTENT_ROW_MAX_COLS \
-                or t.attr("dim") % t.meta.rank == t.meta.rank - 1 or index.meta.shape[-1] != 1 \
+                or take_dim(t, rank) == rank - 1 or index.meta.shape[-1] != 1 \
                 or aligned_shape(x, rank)[-1] != self.shape[-1]:
             return False
         self.dim = rank - 1
@@ -206,7 +207,7 @@ def _triton_take(spec: KernelSpec, t: Term, names: dict[Term, str]) -> list[str]
     x, index = t.args
     rank, k = spec.rank, x.attr("index")
     inp, at = spec.inputs[k], names[index]
-    j = t.attr("dim") % t.meta.rank + rank - t.meta.rank
+    j = take_dim(t, rank)
     n = aligned_shape(x, rank)[j]
     inside = f"({at} >= 0) & ({at} < {n})"
     # the row read is clamped into the table (the assert reports an index outside it)
@@ -271,7 +272,7 @@ class _CppRow:
         x, index = t.args
         rank, spec = self.spec.rank, self.spec
         inp = spec.inputs[x.attr("index")]
-        j = t.attr("dim") % t.meta.rank + rank - t.meta.rank
+        j = take_dim(t, rank)
         sizes = aligned_shape(x, rank)
         off = " + ".join([f"{self.names[index]} * {inp.name}_stride{j}"] * (sizes[j] != 1)
                          + [f"c * {inp.name}_stride{rank - 1}"])
