@@ -328,14 +328,17 @@ def _probe_values(dtype: torch.dtype, extremes: bool) -> torch.Tensor:
 
 
 def _probe_rounds(values: list[Any], positive: list[bool], dtype: torch.dtype,
-                  extremes: bool) -> list[list[Any]]:
+                  extremes: bool, kept: list[bool] | None = None) -> list[list[Any]]:
     """Input lists whose tensors of `dtype` hold the probe values: every value at
     every position at least once, different inputs shifted against each other so
     that pairs vary, then a few shuffled rounds. `positive` inputs get the positive
-    values only."""
+    values only; `kept` ones (indices: `below N`) keep the values they have."""
     every = _probe_values(dtype, extremes)
     pools = [every[every > 0] if pos else every for pos in positive]
-    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dtype == dtype]
+    kept = kept or [False] * len(values)
+    probed = [isinstance(v, torch.Tensor) and v.dtype == dtype and not keep
+              for v, keep in zip(values, kept, strict=True)]
+    tensors = [v for v, p in zip(values, probed, strict=True) if p]
     if not tensors:
         return []
     smallest = max(1, min(t.numel() for t in tensors))
@@ -345,7 +348,7 @@ def _probe_rounds(values: list[Any], positive: list[bool], dtype: torch.dtype,
     for r in range(rounds):
         row = []
         for k, v in enumerate(values):
-            if isinstance(v, torch.Tensor) and v.dtype == dtype and v.numel():
+            if probed[k] and v.numel():
                 pool = pools[k]
                 if r < rounds - EXTRA_ROUNDS:
                     idx = (torch.arange(v.numel()) * (2 * k + 1) + r * smallest + 5 * k)
@@ -359,13 +362,14 @@ def _probe_rounds(values: list[Any], positive: list[bool], dtype: torch.dtype,
 
 def _retyped(example: dict[str, Any], name: str) -> dict[str, Any] | None:
     """The example with every non-constant tensor input in dtype `name`; None when
-    it has none. Constants keep their dtype: they are folded, not probed."""
+    it has none. Constants keep their dtype: they are folded, not probed; so do
+    indices (`below N`): they say where values are read, and stay in range."""
     out, changed = {}, False
     for key, spec in example.items():
         m = SPEC_RE.match(spec.strip()) if isinstance(spec, str) and key != "expr" else None
-        if m is not None and not m.group("const") and m.group("dtype") in TORCH_DTYPES:
-            below = f" below {m.group('below')}" if m.group("below") else ""
-            spec = f"{m.group('dims')}{name}{m.group('pos') or ''}{below}"
+        if m is not None and not m.group("const") and not m.group("below") \
+                and m.group("dtype") in TORCH_DTYPES:
+            spec = f"{m.group('dims')}{name}{m.group('pos') or ''}"
             changed = True
         out[key] = spec
     return out if changed else None
@@ -438,8 +442,10 @@ def _probe_one(rule: Rule, example: dict[str, Any], index: int, name: str,
     except (RuleError, RewriteStop, RuntimeError, TypeError, ValueError):
         return None  # the expression itself does not exist at this dtype
     dtype = TORCH_DTYPES[name]
-    positive = [str(retyped.get(n, "")).strip().endswith(" pos") for n in _input_names(graph)]
-    for inputs in _probe_rounds(values, positive, dtype, extremes):
+    specs = [str(retyped.get(n, "")).strip() for n in _input_names(graph)]
+    positive = [spec.endswith(" pos") for spec in specs]
+    kept = [" below " in spec for spec in specs]
+    for inputs in _probe_rounds(values, positive, dtype, extremes, kept):
         try:
             want = before(list(inputs))[0]
         except (RuntimeError, IndexError):
