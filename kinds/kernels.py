@@ -402,6 +402,11 @@ def literal(value: Any, target: str, single: bool = True) -> str:
             sign = "-" if value < 0 else ""
             return f"float('{sign}inf')" if target == "triton" else f"({sign}INFINITY)"
         if target == "triton":
+            if value == 0 and math.copysign(1.0, value) < 0:
+                # Triton makes every float constant equal to 0 a +0.0: -0.0 is its bits
+                bits, ints, floats = (("-2147483648", "tl.int32", "tl.float32") if single
+                                      else ("-9223372036854775808", "tl.int64", "tl.float64"))
+                return f"tl.full([], {bits}, {ints}).to({floats}, bitcast=True)"
             return repr(value)
         return f"{value!r}f" if single else repr(value)
     raise RenderError(f"no {target} literal for {value!r}")

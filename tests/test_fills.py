@@ -184,3 +184,29 @@ def test_fills_of_signed_zeros_and_non_finite_values(target, value, dtype, monke
     assert torch.equal(torch.signbit(got), torch.signbit(want))
     if not (target == "openmp" and dtype == torch.float16):  # f16: ATen's on the CPU
         assert "full" not in outside_ops(), outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.float64, torch.int32, torch.int64], ids=str)
+def test_negation_flips_the_sign_of_zero(target, dtype) -> None:
+    """neg(+0.0) is -0.0 and neg(-0.0) is +0.0 in kernels, as in eager (rules/ops.yaml:
+    Triton's unary minus subtracts from +0.0); integers negate as integers."""
+    if dtype.is_floating_point:
+        x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), float("nan")] * 4,
+                         device=DEVICE, dtype=dtype)
+    else:
+        x = torch.tensor([0, 1, -7, 2**20, -(2**20), 3] * 4, device=DEVICE, dtype=dtype)
+
+    def flip(x):
+        return torch.neg(x) * 3 + torch.neg(x * 0)
+
+    torch._dynamo.reset()
+    report.reset()
+    got = torch.compile(flip, backend="rewritec", options={"target": target})(x)
+    want = flip(x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    if dtype.is_floating_point:  # a NaN's sign bit is no value's
+        numbers = ~torch.isnan(want)
+        assert torch.equal(torch.signbit(got[numbers]), torch.signbit(want[numbers]))
+    if not (target == "openmp" and dtype == torch.float16):
+        assert "neg" not in outside_ops(), outside_ops()
