@@ -117,6 +117,8 @@ def test_strided_tables_and_ids_int32(target) -> None:
         torch.testing.assert_close(compiled(ids, ids_t), fn(ids, ids_t))
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU a bad id is a device-side assert "
+                    "(test_a_bad_id_on_a_gpu_stops_at_a_device_assert)")
 @pytest.mark.parametrize("target", TARGETS)
 def test_an_id_outside_the_table_raises_in_every_call(target) -> None:
     wte = torch.randn(20, 8, device=DEVICE)
@@ -179,6 +181,40 @@ def test_a_take_no_kernel_takes_runs_atens_embedding() -> None:
     torch.testing.assert_close(compiled(ids), F.embedding(ids, w) * 3.0)
 
 
+_BAD_ID_ON_GPU = """
+import torch, torch.nn.functional as F
+import rewritec
+wte, wpe = torch.randn(20, 8, device="cuda"), torch.randn(20, 8, device="cuda")
+g = lambda i, p: NORM(F.embedding(i, wte) + F.embedding(p, wpe))
+f = torch.compile(g, backend="rewritec", options={"strict": True})
+ids, pos = torch.randint(0, 20, (2, 5), device="cuda"), torch.arange(5, device="cuda")
+torch.testing.assert_close(f(ids, pos), g(ids, pos))
+print("good ids: equal", flush=True)
+ids[1, 3] = 25
+out = f(ids, pos)
+torch.cuda.synchronize()
+print("bad id: no error", out.abs().max().item(), flush=True)
+"""
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+@pytest.mark.parametrize("norm", ["torch.relu", "lambda h: F.layer_norm(h, (8,))"])
+def test_a_bad_id_on_a_gpu_stops_at_a_device_assert(norm) -> None:
+    """As eager's CUDA embedding does: the kernel's assert (a pointwise kernel's, a row
+    kernel's) stops the process (a CUDA context cannot go on after one), rather than
+    reading past the table."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _BAD_ID_ON_GPU.replace(
+        "import rewritec\n", f"import rewritec\nNORM = {norm}\n", 1)], capture_output=True,
+        text=True, timeout=300)
+    assert "good ids: equal" in done.stdout, done.stderr[-2000:]
+    assert "bad id: no error" not in done.stdout
+    assert done.returncode != 0 and "device-side assert" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the kernels run there, not interpreted")
 def test_a_triton_take_kernel_compiles_for_sm90_with_its_asserts(tmp_path) -> None:
     """The Triton kernel of a take, compiled for an H100 by Triton itself (no GPU
     needed) with the options every launch passes (runtime/recipe.py:
@@ -251,7 +287,8 @@ def test_a_norm_reads_its_rows_straight_from_the_tables(target, dtype, width) ->
     if _kernels_compute(target, dtype):
         assert takes == ({"row": 2} if width <= 2048 else {"indexed": 2}), takes
         assert "rewritec::take" not in outside_ops()
-    bad = ids.clone()
-    bad[2, 6] = 40
-    with pytest.raises(IndexError):
-        compiled(bad)
+    if DEVICE != "cuda":  # on a GPU: test_a_bad_id_on_a_gpu_stops_at_a_device_assert
+        bad = ids.clone()
+        bad[2, 6] = 40
+        with pytest.raises(IndexError):
+            compiled(bad)
