@@ -15,6 +15,7 @@ from rewritec.runtime import triton_startup
 @pytest.fixture
 def fresh(monkeypatch) -> None:
     monkeypatch.setattr(triton_startup, "_thread", None)
+    monkeypatch.setattr(triton_startup, "_deferred", False)
 
 
 def test_start_runs_once_and_wait_joins(fresh, monkeypatch) -> None:
@@ -62,7 +63,10 @@ def test_cuda_graphs_start_it_and_kernels_run(fresh) -> None:
     f = rewritec.compile(lambda x: torch.sin(x) + 1)
     x = torch.randn(1000, device="cuda")
     torch.testing.assert_close(f(x), torch.sin(x) + 1)
-    assert triton_startup._thread is not None and not triton_startup._thread.is_alive()
+    # begun on its thread, or left to the first kernel that needs Triton here when
+    # the compile worker (runtime/ahead.py) compiled them
+    thread = triton_startup._thread
+    assert (thread is not None and not thread.is_alive()) or triton_startup._deferred
 
 
 def test_triton_key_is_a_fingerprint_that_changes_with_any_triton_file(tmp_path) -> None:
