@@ -58,6 +58,10 @@ ATTR_FUNCS: dict[str, Any] = {
     "outer_dims": lambda t, s: tuple(range(t.meta.rank - (s if isinstance(s, int) else len(s)))),
     "neg": lambda x: -x,
     "compose_perm": lambda p, q: tuple(p[i] for i in q),
+    # dim d of a term like t once dims a and b are swapped (rules/simplify/sink_views.yaml)
+    "swapped_dim": lambda d, a, b, t: _swapped_dim(d, a, b, t.meta.rank),
+    # a size list with entries a and b swapped
+    "swapped_sizes": lambda s, a, b: _swapped_sizes(tuple(s), a, b),
     # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
     "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
     "size_of": lambda t, d: t.meta.shape[d],
@@ -79,6 +83,18 @@ ATTR_FUNCS: dict[str, Any] = {
     # how many values each channel (dim 1) of an activation like t holds: numel / size(1)
     "channel_count": lambda t: _channel_count(t),
 }
+
+
+def _swapped_dim(d: int, a: int, b: int, rank: int) -> int:
+    d, a, b = d % rank, a % rank, b % rank
+    return b if d == a else a if d == b else d
+
+
+def _swapped_sizes(s: tuple[Any, ...], a: int, b: int) -> tuple[Any, ...]:
+    out = list(s)
+    a, b = a % len(s), b % len(s)
+    out[a], out[b] = s[b], s[a]
+    return tuple(out)
 
 
 def _channel_count(t: Any) -> int:
