@@ -210,3 +210,32 @@ def test_negation_flips_the_sign_of_zero(target, dtype) -> None:
         assert torch.equal(torch.signbit(got[numbers]), torch.signbit(want[numbers]))
     if not (target == "openmp" and dtype == torch.float16):
         assert "neg" not in outside_ops(), outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.int64], ids=str)
+def test_zero_dim_tensors_of_one_value_are_fills_in_kernels(target, dtype) -> None:
+    """`where(m, 0-d 0.0, 0-d -inf)` in a half dtype, as an attention mask's bias is
+    built: the numbers alone would compute in f32, so they stay 0-d tensors, which
+    rules/decompose/fills.yaml writes as fills that the kernel computes inline; no
+    `scalar_tensor` launch is left."""
+    low = float("-inf") if dtype.is_floating_point else -(2**40)
+
+    def bias(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        zero = torch.ops.aten.scalar_tensor(0, dtype=dtype, device=x.device)
+        floor = torch.ops.aten.scalar_tensor(low, dtype=dtype, device=x.device)
+        return torch.where(m, zero, floor) + x
+
+    m = torch.rand(3, 8, device=DEVICE) > 0.5
+    x = (torch.randn(3, 8, device=DEVICE) * 4).to(dtype)
+    torch._dynamo.reset()
+    report.reset()
+    got = torch.compile(bias, backend="rewritec", options={"target": target})(m, x)
+    want = bias(m, x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    if dtype in (torch.bfloat16, torch.float16):  # f32, i64: read as numbers already
+        assert "scalar-tensor-as-full" in rules_fired()
+    if not (target == "openmp" and dtype == torch.float16):  # f16: ATen's on the CPU
+        assert "scalar_tensor" not in outside_ops() and "where" not in outside_ops(), \
+            outside_ops()
