@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import rewritec
+from models import rules_fired
 from rewritec import report
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -72,7 +73,8 @@ def test_a_where_outside_kernels_reads_the_number() -> None:
 
 
 def test_an_op_without_a_number_overload_keeps_the_tensor() -> None:
-    """maximum has no Scalar overload: it reads the 0-dim tensor, as traced."""
+    """maximum has no Scalar overload: it reads the 0-dim tensor, as traced, which
+    is a fill (rules/decompose/fills.yaml) the kernel computes inline: no launch."""
     x = torch.randn(6, 5)
 
     def fn(a):
@@ -80,7 +82,8 @@ def test_an_op_without_a_number_overload_keeps_the_tensor() -> None:
 
     got, outside, _ = _compiled(fn, x)
     torch.testing.assert_close(got, fn(x))
-    assert outside["scalar_tensor"] == 1, outside
+    assert not outside["scalar_tensor"] and not outside["full"], outside
+    assert "scalar-tensor-as-full" in rules_fired()
 
 
 @pytest.mark.parametrize("target", ["auto"] + (["triton"] if INTERPRETED else []))
