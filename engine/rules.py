@@ -62,6 +62,9 @@ ATTR_FUNCS: dict[str, Any] = {
     "swapped_dim": lambda d, a, b, t: _swapped_dim(d, a, b, t.meta.rank),
     # a size list with entries a and b swapped
     "swapped_sizes": lambda s, a, b: _swapped_sizes(tuple(s), a, b),
+    # the dim of a reduction's operand that dim i of its result (keepdim false, the
+    # dims ds reduced) comes from
+    "operand_dim": lambda i, ds, t: _operand_dim(i, ds, t.meta.rank),
     # a term's dtype; dtype_of(t, i): output i's of a multi-output op (layer_norm's mean)
     "dtype_of": lambda t, i=None: (t.meta if i is None else t.meta.parts[i]).dtype,
     "size_of": lambda t, d: t.meta.shape[d],
@@ -95,6 +98,16 @@ def _swapped_sizes(s: tuple[Any, ...], a: int, b: int) -> tuple[Any, ...]:
     a, b = a % len(s), b % len(s)
     out[a], out[b] = s[b], s[a]
     return tuple(out)
+
+
+def _operand_dim(i: int, ds: Any, rank: int) -> int:
+    """Dim i of a reduction's result of `rank` dims (kept dims dropped) in its operand."""
+    whole = rank + len(ds)
+    i = i % rank
+    for r in sorted(d % whole for d in ds):
+        if r <= i:
+            i += 1
+    return i
 
 
 def _channel_count(t: Any) -> int:

@@ -112,3 +112,23 @@ def test_work_read_twice_or_an_innermost_transpose_stays(target) -> None:
         got = _compiled(fn, target)(x, y)
         torch.testing.assert_close(got, fn(x, y))
         assert "transpose-of-mul" not in rules_fired(), fn.__name__
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_grouped_key_gradient_is_summed_and_reordered_in_one_kernel(target, dtype) -> None:
+    """Grouped-query attention's key or value gradient: the query heads' gradients
+    summed over each group (keepdim, then squeezed: squeeze-of-keepdim-sum), the heads
+    put back in order for the projection's backward (transpose-of-sum): one reduction
+    kernel reading the gradients transposed."""
+    def fn(g: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = g.shape
+        grouped = g.view(b, 2, h // 2, s, d).sum(2, keepdim=True).squeeze(2)
+        return grouped.transpose(1, 2).contiguous().view(b, s, -1)
+
+    g = torch.randn(2, 6, 5, 8, device=DEVICE, dtype=dtype)
+    got = _compiled(fn, target)(g)
+    _close(got, fn(g))
+    (rec,) = report.RECORDS
+    assert len(rec.kernels) == 1, [k["ops"] for k in rec.kernels]
+    assert {"squeeze-of-keepdim-sum", "transpose-of-sum"} <= set(rules_fired())
