@@ -132,3 +132,24 @@ def test_a_grouped_key_gradient_is_summed_and_reordered_in_one_kernel(target, dt
     (rec,) = report.RECORDS
     assert len(rec.kernels) == 1, [k["ops"] for k in rec.kernels]
     assert {"squeeze-of-keepdim-sum", "transpose-of-sum"} <= set(rules_fired())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_rows_sum_keeps_its_dims_for_the_row_kernel(target) -> None:
+    """A cross entropy picks its target logit as a row's sum with keepdim, squeezed:
+    the keepdim rules leave row sums alone, so it stays one row kernel (with them
+    dropping the kept dim there, the loss's forward was three kernels)."""
+    import torch.nn.functional as F
+
+    logits = torch.randn(6, 40, device=DEVICE)
+    target_ids = torch.randint(0, 40, (6,), device=DEVICE)
+
+    def kernels(disable: list[str]) -> int:
+        report.reset()
+        torch._dynamo.reset()
+        loss = torch.compile(F.cross_entropy, backend="rewritec",
+                             options={"target": target, "disable": disable})
+        torch.testing.assert_close(loss(logits, target_ids), F.cross_entropy(logits, target_ids))
+        return sum(len(r.kernels) for r in report.RECORDS)
+
+    assert kernels([]) == kernels(["squeeze-of-keepdim-sum", "view-of-keepdim-sum"])
