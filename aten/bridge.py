@@ -119,7 +119,7 @@ def overload(name: str) -> torch._ops.OpOverload:
     torch.ops.rewritec.attention.default (ops of another namespace)."""
     namespace, _, name = name.rpartition("::")
     if namespace == "rewritec":
-        from . import attention, iota, take  # noqa: F401 - define rewritec::*, on first use
+        from . import rewritec_ops  # noqa: F401 - define rewritec::*, on first use
     packet, _, over = name.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace or "aten"), packet), over or "default")
 

@@ -350,7 +350,7 @@ class _Unpickler(pickle.Unpickler):
         if kind == "op" and len(pid) == 4:
             _, ns, name, overload = pid
             if ns == "rewritec":
-                from ..aten import attention, iota, take  # noqa: F401 - define rewritec::*
+                from ..aten import rewritec_ops  # noqa: F401 - define rewritec::*
             return _checked(_op(ns, name, overload), torch._ops.OpOverload, pid)
         if kind == "packet" and len(pid) == 2 and pid[1].count("::") == 1:
             ns, name = pid[1].split("::")

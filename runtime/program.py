@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..aten import attention, iota, take  # noqa: F401 - define rewritec::*, a program's ops
+from ..aten import rewritec_ops  # noqa: F401 - define rewritec::*, a program's ops
 from ..aten.bridge import Bridge, Opaque, Slot
 from ..engine.errors import PackageError
 from ..engine.term import Term
