@@ -51,6 +51,7 @@ from .kernels import (
     pad_widths,
     take_dim,
     triton_load,
+    triton_take_assert,
     value_expr,
 )
 from .spec import KernelSpec
@@ -353,9 +354,8 @@ def triton_parts(spec: KernelSpec, table: OpTable) -> tuple[list[str], list[str]
         if "pos" not in off:  # one element for every lane: still a block, as the mask is
             off = f"{off} + 0 * offs"
         lines.append(triton_load(spec, load.k, off, mask, load.name))
-    for at, n in plan.checks:  # active where the kernel is compiled with `debug`
-        lines.append(f'tl.device_assert((({at} >= 0) & ({at} < {n})) | ~mask, '
-                     f'"rewritec: an index of a take is out of range")')
+    for at, n in plan.checks:
+        lines.append(triton_take_assert(f"(({at} >= 0) & ({at} < {n})) | ~mask"))
     return lines, [f"{n} = {e}" for n, e, _ in plan.stmts], plan.outputs
 
 

@@ -128,6 +128,13 @@ def take_dim(t: Term, rank: int) -> int:
     return int(t.attr("dim")) % t.meta.rank + rank - t.meta.rank
 
 
+def triton_take_assert(inside: str) -> str:
+    """The device assert of a take's index in a Triton kernel (`inside`: the index is
+    in range, or the lane is masked): active where the kernel is compiled with
+    Triton's `debug` (runtime/recipe.py: triton_options)."""
+    return f'tl.device_assert({inside}, "rewritec: an index of a take is out of range")'
+
+
 # Ops that read an operand at other positions (the op table's `indexed` category),
 # which pointwise kernels compute (kinds/indexed.py), and the views among them: a
 # `slice` joins a pointwise kernel that holds one of the others (kinds/pointwise.py).

@@ -44,6 +44,7 @@ from .kernels import (
     term_names,
     triton_load,
     triton_params,
+    triton_take_assert,
     triton_statement,
     triton_store,
     whole,
@@ -212,7 +213,7 @@ def _triton_take(spec: KernelSpec, t: Term, names: dict[Term, str]) -> list[str]
     inside = f"({at} >= 0) & ({at} < {n})"
     # the row read is clamped into the table (the assert reports an index outside it)
     row = f"tl.where({inside}, {at}, 0) * {inp.name}_stride{j} + " if n != 1 else ""
-    return [f'tl.device_assert({inside}, "rewritec: an index of a take is out of range")',
+    return [triton_take_assert(inside),
             triton_load(spec, k, f"{row}cols * {inp.name}_stride{rank - 1}", "mask",
                         names[t])]
 
