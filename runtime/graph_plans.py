@@ -368,12 +368,7 @@ class _Writer:
     def plan_lines(self, target: str, inputs: list[str], plan: Any) -> list[str]:
         if isinstance(plan, _CppPlan):
             return self.cpp_lines(target, inputs, plan)
-        outs = [self.alloc(*o) for o in plan.outs]
-        if len(outs) == 1:
-            lines, out_names = [f"{target} = {outs[0]}"], [target]
-        else:
-            lines = [f"{target} = ({', '.join(outs)},)"]
-            out_names = [f"{target}[{j}]" for j in range(len(outs))]
+        lines, out_names = _assigned(target, [self.alloc(*o) for o in plan.outs])
         if isinstance(plan, _Plan):
             lines.append(self.launch(plan.run, [*inputs, *out_names,
                                                 *[self.literal(v) for v in plan.rest]]))
@@ -395,11 +390,8 @@ class _Writer:
                 for size, stride, dtype in plan.outs]
         checks = [f"_chk(({''.join(x + ', ' for x in inputs)}), {plan.bounds!r})"] \
             if plan.bounds else []  # a take's indices, as the launcher checks them
-        if len(outs) == 1:
-            lines, out_names = [*checks, f"{target} = {outs[0]}"], [target]
-        else:
-            lines = [*checks, f"{target} = ({', '.join(outs)},)"]
-            out_names = [f"{target}[{j}]" for j in range(len(outs))]
+        lines, out_names = _assigned(target, outs)
+        lines = [*checks, *lines]
         if plan.ints is not None:
             ptrs = [f"{x}.data_ptr()" for x in (*inputs, *out_names)]
             lines.append(f"{self.bind(plan.fn)}({', '.join([*ptrs, *map(str, plan.ints)])})")
@@ -416,3 +408,11 @@ class _Writer:
         chosen = [args[i] for i in keep] + ["None"] * nulls
         return (f"_lk({self.bind(function)}, {grid[0]}, {grid[1]}, {grid[2]}, {warps}, "
                 f"{shared}, {codes!r}, ({''.join(a + ', ' for a in chosen)}), _st{device})")
+
+
+def _assigned(target: str, outs: list[str]) -> tuple[list[str], list[str]]:
+    """The line giving `target` a launch's outputs (the allocations `outs`: one
+    tensor, or a tuple of them) and each output's name in the lines after it."""
+    if len(outs) == 1:
+        return [f"{target} = {outs[0]}"], [target]
+    return [f"{target} = ({', '.join(outs)},)"], [f"{target}[{j}]" for j in range(len(outs))]
