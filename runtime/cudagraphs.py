@@ -31,6 +31,20 @@ The runner keeps results exactly as without it:
   (which may have put temporaries in its memory), is about to replay is handed out
   as a copy from then on (`_Slot.copies`); that call records the graph again (at
   most RERECORDS times) or, while something else holds it up, runs plainly;
+- in a pool, memory freed in a recording is reused as eager reuses it: the
+  recording call hands out the allocator's own tensors and the slot keeps the
+  results no caller sees (saved activations, gradients) over storages that own
+  no memory (`_Slot.owners`), so the backward's recording, which frees each
+  activation at its last use (the caller's argument list is dropped first),
+  places its gradients in that memory; its replay then runs while the only
+  holders of those activations are its own arguments (`_Slot.unexposed`). No
+  recording runs while a result whose memory the allocator counts as free is
+  held (it could be placed there); the graphs holding such results record again
+  when next free (`Pool.refresh`). Without this the pool held every saved
+  activation and every gradient at once (1.2-1.6x Inductor's memory);
+- a recording's warm-up runs on a side stream, whose cached memory nothing else
+  uses: released after each recording. A failed recording hands out the warm-up's
+  results (its arguments may be freed by then) and replay is off from then on;
 - under `auto`, only graphs of at least AUTO_MIN_LAUNCHES kernel launches and
   ATen calls (AUTO_MIN_LAUNCHES_NO_MATMUL without matrix products) are replayed;
   any capture error means the plain wrapper from then on.
@@ -46,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 MAX_GRAPHS = 8
 # Times a runner may retire a free graph to record it again on arguments it does
@@ -167,6 +182,9 @@ class Pool:
     def __init__(self) -> None:
         self.handle: Any = None
         self.slots: list[_Slot] = []
+        # a recording waits for results the allocator counts as free (`_Slot.owners`)
+        # to be its own again: their graphs record again when next free
+        self.refresh = False
 
     def clear_after(self, slot: _Slot) -> bool:
         """No slot recorded after `slot` in this pool holds results still alive."""
@@ -223,6 +241,18 @@ class _Slot:
     exposed: list[tuple[_Slot, list[int]]] = field(default_factory=list)
     # the runner's positions found held once: every slot it records copies them
     held_once: set[int] = field(default_factory=set)
+    # per entry of `exposed`, per index, the positions of this graph's arguments that
+    # view that result (the activations a backward reads and frees): references a
+    # replay's own arguments hold, which `unexposed` does not count as a holder
+    exposed_args: list[list[tuple[int, ...]]] = field(default_factory=list)
+    # In a pool, the slot keeps its results over storages that own no memory
+    # (`CudaGraphRunner._disown`): what the recording call handed out is the
+    # allocator's, and once the caller drops it the pool's next recording (the
+    # backward) may reuse that memory, as eager reuses a freed activation's. Per
+    # index into `tensors`, a weak reference to the storage the recording call
+    # handed out, while it may live; None after.
+    owners: list[Any] = field(default_factory=list)
+    disowned: tuple[int, ...] = ()  # indices of the `tensors` that own no memory
     # results that view an argument read in place (a loss graph saving the logits it
     # reads): per position, the argument, the view's size and stride, and its storage
     # offset less the argument's. The slot keeps no tensor of theirs, whose hold on
@@ -236,28 +266,81 @@ class _Slot:
         self.copied = tuple(i for i, b in enumerate(self.buffers) if b is not None)
         # every result a tensor: results() then detaches them in one map
         self.all_tensors = all(isinstance(o, torch.Tensor) for o in self.outputs)
+        # per exposed entry, what `unexposed` compares in one pass each: the results'
+        # storages, their use counts when dead but for a replay's own arguments, their
+        # tensors and addresses
+        self._expected = [
+            ([slot.handles[j] for j in dead],
+             [slot.uses[j] + len(p) for j, p in zip(dead, places, strict=True)],
+             [slot.tensors[j] for j in dead], [slot.addresses[j] for j in dead])
+            for (slot, dead), places in zip(self.exposed, self.exposed_args, strict=True)]
+
+    def owned(self) -> list[int]:
+        """Indices of the results whose recording-call tensors are still alive."""
+        if not self.owners:
+            return []
+        alive = [j for j, w in enumerate(self.owners) if w is not None and not w.expired()]
+        if not alive:
+            self.owners = []  # none comes back: later checks skip this
+        return alive
 
     def free(self) -> bool:
         """No tensor over the previous results' memory is alive (and no result's
         storage was resized away from the graph's memory)."""
         return (list(map(torch._C._storage_Use_Count, self.handles)) == self.uses
-                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.addresses)
+                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.addresses
+                and not self.owned())
 
     def dead(self) -> list[int]:
         """Indices of the results (into `tensors`) that nothing outside holds."""
         count = torch._C._storage_Use_Count
+        owned = set(self.owned())
         return [j for j, (h, u) in enumerate(zip(self.handles, self.uses, strict=True))
-                if count(h) == u]
+                if count(h) == u and j not in owned]
 
-    def held(self, indices: Sequence[int]) -> list[int]:
-        """Those of `indices` (into `tensors`) whose memory something outside holds."""
+    def held(self, indices: Sequence[int], args: Sequence[Any] = (),
+             places: Sequence[tuple[int, ...]] = ()) -> list[int]:
+        """Those of `indices` (into `tensors`) whose memory something outside holds;
+        with `places` (per index, positions into `args`), references from those
+        arguments, which the call that passes them consumes, are not holders."""
         count = torch._C._storage_Use_Count
-        return [j for j in indices if count(self.handles[j]) != self.uses[j]
-                or self.tensors[j].data_ptr() != self.addresses[j]]
+        owned = self.owned()
+        out = []
+        for k, j in enumerate(indices):
+            uses = self.uses[j]
+            if places and places[k]:
+                uses += len({id(args[i]) for i in places[k]})
+            if count(self.handles[j]) != uses or j in owned \
+                    or self.tensors[j].data_ptr() != self.addresses[j]:
+                out.append(j)
+        return out
 
-    def unexposed(self) -> bool:
-        """Are the earlier slots' results this graph may write over still dead?"""
-        return not any(slot.held(dead) for slot, dead in self.exposed)
+    def disowned_held(self) -> bool:
+        """Does anything hold a result whose memory the allocator counts as free
+        (`owners`: handed out by a replay)? A recording into the pool then may not
+        run: it could place its own tensors there."""
+        if not self.disowned:
+            return False
+        owned = set(self.owned())
+        return bool(self.held([j for j in self.disowned if j not in owned]))
+
+    def unexposed(self, args: Sequence[Any] = ()) -> bool:
+        """Are the earlier slots' results this graph may write over still dead (or
+        held only by `args`, the arguments of the call about to replay it, which it
+        reads before it writes over them)?"""
+        if not args or len(self.exposed_args) != len(self.exposed):
+            return not any(slot.held(dead) for slot, dead in self.exposed)
+        count = torch._C._storage_Use_Count
+        for (slot, dead), places, (handles, uses, tensors, addresses) in zip(
+                self.exposed, self.exposed_args, self._expected, strict=True):
+            # the common case in one pass; `held` then counts an argument passed
+            # twice, which holds one reference, once
+            if list(map(count, handles)) == uses and not slot.owned() \
+                    and list(map(torch.Tensor.data_ptr, tensors)) == addresses:
+                continue
+            if slot.held(dead, args, places):
+                return False
+        return True
 
     def takes(self, args: Sequence[torch.Tensor]) -> bool:
         """Are the arguments read in place where the graph reads them?"""
@@ -355,6 +438,9 @@ class CudaGraphRunner:
         self.arity = 0
         self._boxed_call = True
 
+    # A pooled slot keeps its results over storages that own no memory (`_Slot.owners`)
+    DISOWN = True
+
     @staticmethod
     def _accepts(args: list[Any]) -> bool:
         return all(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
@@ -396,19 +482,27 @@ class CudaGraphRunner:
             del self.graphs[key]
             return self._run_plainly(key, args)
         slot = self._pick(entry, args)
+        if slot is not None and slot.disowned and self.pool is not None and self.pool.refresh \
+                and self.rerecords < RERECORDS:
+            # Another graph of the pool waits to record (a backward first seen after
+            # this forward was recorded) while this graph's results, which it reads,
+            # are memory the allocator counts as free: recorded again now, this
+            # graph hands out the allocator's tensors, and that recording can follow.
+            self.rerecords += 1
+            entry.slots.remove(slot)
+            self._retire([slot])
+            slot = None
         if slot is None:
             if len(entry.slots) >= self.slots and not self._copy_held(entry, args) \
                     and not self._make_room(entry, args):
                 self.plain += 1
                 return self._run_plainly(key, args)
-            try:
-                slot = self._capture(args, self.seen.get(key))
-            except Exception as e:  # noqa: BLE001 - no graph: the plain wrapper stays
-                self.disabled = f"capture failed: {type(e).__name__}: {e}"
-                self.log(f"CUDA graph off: {self.disabled}")
-                torch.cuda.synchronize()
-                return self.fn(args)
-            entry.slots.append(slot)
+            if self.pool is not None and any(s.disowned_held() for s in self.pool.slots):
+                # a recording could place its tensors over a result still held
+                self.pool.refresh = True
+                self.plain += 1
+                return self._run_plainly(key, args)
+            return self._capture(entry, args, self.seen.get(key))
         slot.fill(args)
         slot.replay()
         self.replays += 1
@@ -449,7 +543,9 @@ class CudaGraphRunner:
             if not slot.takes(args):
                 continue
             own = slot.held(range(len(slot.tensors)))
-            for owner, indices in [(slot, own)] + [(s, s.held(d)) for s, d in slot.exposed]:
+            theirs = [(s, s.held(d, args, p)) for (s, d), p
+                      in zip(slot.exposed, slot.exposed_args, strict=True)]
+            for owner, indices in [(slot, own), *theirs]:
                 new = {owner.positions[j] for j in indices} & owner.user - owner.copies
                 if new:
                     owner.copies |= new
@@ -459,7 +555,7 @@ class CudaGraphRunner:
                              "the step that made them: handed out as copies from now on")
             if own and self.rerecords < RERECORDS and all(
                     slot.positions[j] in slot.copies & slot.user for j in own) \
-                    and slot.unexposed() and (self.pool is None or self.pool.clear_after(slot)):
+                    and slot.unexposed(args) and (self.pool is None or self.pool.clear_after(slot)):
                 self.rerecords += 1
                 entry.slots.remove(slot)
                 self._retire([slot])
@@ -469,17 +565,27 @@ class CudaGraphRunner:
     def _retire(self, slots: list[_Slot]) -> None:
         if self.pool is not None:
             self.pool.slots = [s for s in self.pool.slots if s not in slots]
+            if not self.pool.slots:
+                # no graph of the pool is left: the allocator forgets a pool id once
+                # its last graph goes, and a recording into it fails (an internal
+                # assert), so the next recording starts a pool of its own
+                self.pool.handle = None
 
     def _pick(self, entry: _Entry, args: list[torch.Tensor]) -> _Slot | None:
         """A free slot that reads the arguments it reads in place where they are, and
         whose replay overwrites no result still held."""
         for slot in entry.slots:
-            if slot.takes(args) and slot.free() and slot.unexposed() and (
+            if slot.takes(args) and slot.free() and slot.unexposed(args) and (
                     self.pool is None or self.pool.clear_after(slot)):
                 return slot
         return None
 
-    def _capture(self, args: list[torch.Tensor], seen: tuple[Any, ...] | None) -> _Slot:
+    def _capture(self, entry: _Entry, args: list[torch.Tensor],
+                 seen: tuple[Any, ...] | None) -> Any:
+        """Record a graph on these arguments into `entry` and return this call's
+        results: those of the recording itself, the allocator's tensors, so that
+        what the caller drops is memory a later recording in the pool may reuse. A
+        failed recording turns replay off and returns the warm-up run's results."""
         # Read in place: parameters, results of recorded graphs (a backward graph's
         # saved activations) and the very tensors the previous call passed, at the same
         # address (an input buffer refilled in place); copy the rest into buffers.
@@ -487,79 +593,178 @@ class CudaGraphRunner:
                        or _storage(a) in _GRAPH_OUTPUTS or _storage(a) in _GRAPH_PARAMS
                        or (seen is not None and seen[i][0]() is a
                            and seen[i][1] == a.data_ptr()))
-        if not self.mutated <= set(static):
-            # a copy would take the update the caller's tensor must see
-            raise RuntimeError("an input the graph writes into is not read in place")
-        inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
-        # the earlier graphs' results that are dead now: this recording may reuse
-        # their memory (Pool)
-        exposed = self.pool.dead() if self.pool is not None else []
-        replay, outputs = self._record(inputs)
+        try:
+            if not self.mutated <= set(static):
+                # a copy would take the update the caller's tensor must see
+                raise RuntimeError("an input the graph writes into is not read in place")
+            inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+            warm = self._warm_up(inputs)
+        except Exception as e:  # noqa: BLE001 - no graph: the plain wrapper stays
+            self._turn_off(e)
+            return self.fn(args)
+        # What the slot needs of the arguments, taken before the recording frees them
+        reads = _addresses(inputs)
         buffers = [None if i in static else a for i, a in enumerate(inputs)]
-        given = {_storage(a): i for i, a in enumerate(inputs)}
+        places: dict[int, list[int]] = {}
+        for i, a in enumerate(inputs):
+            places.setdefault(_storage(a), []).append(i)
+        given = {ptr: at[-1] for ptr, at in places.items()}
+        # an argument's storage, weakly: an output at a freed argument's address is
+        # the recording's own tensor (it took that memory), not a view of it
+        alive = {ptr: StorageWeakRef(inputs[at[-1]].untyped_storage())
+                 for ptr, at in places.items()}
+        meta = [(a.dtype, int(a.storage_offset())) for a in inputs]
+        where = ("the caller's tensors" if len(static) == len(args) else
+                 f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in"
+                 f" ({_largest(args, static)})")
+        _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
+        # arguments read in place that no recorded graph made (parameters, a refilled
+        # input buffer): kept until the replay below has read them
+        kept = [a for i, a in enumerate(inputs)
+                if i in static and _storage(a) not in _GRAPH_OUTPUTS]
+        if self.pool is not None:
+            # The caller's references go (the boxed call's, as the plain wrapper's
+            # do): the recording frees each activation at its last use, and its later
+            # tensors take that memory, as eager's would (Pool).
+            args.clear()
+        try:
+            replay, outputs = self._record(inputs)  # the wrapper empties `inputs`
+        except Exception as e:  # noqa: BLE001 - no graph: the warm-up's results stand
+            self._turn_off(e)
+            if warm is None:
+                raise
+            results, applied = warm
+            for dst, src in applied:
+                dst.copy_(src)
+            return results
+        finally:
+            inputs.clear()  # (a wrapper that does not: its arguments are not kept)
+        del warm
+        # The warm-up's memory is cached for a side stream nothing else allocates on,
+        # and the recording's for the graph's pool: without this the process would
+        # keep reserving the warm-up's peak for good (training's largest share above
+        # Inductor's reserved memory, which warms up in its graphs' pool).
+        torch.cuda.empty_cache()
+        replay()
+        del kept
+        # the earlier graphs' results dead now, before the recording or in it (the
+        # activations it freed): its tensors may sit in their memory
+        exposed = self.pool.dead() if self.pool is not None else []
+        exposed_args = [[tuple(places.get(_storage(slot.tensors[j]), ())) for j in dead]
+                        for slot, dead in exposed]
         copies = set(self.held_once)
         tensors, positions, user = [], [], set()
         aliases: dict[int, tuple[int, Any, Any, int]] = {}
         for i, o in enumerate(outputs):
             if not isinstance(o, torch.Tensor):
                 continue
-            reads = given.get(_storage(o))
-            if reads is not None:
-                if reads not in static:
+            ptr = _storage(o)
+            at = given.get(ptr)
+            if at is not None and not alive[ptr].expired():
+                if at not in static:
                     copies.add(i)  # over a buffer the next call refills
-                elif o.dtype == inputs[reads].dtype:  # its offset from the argument's
-                    rel = int(o.storage_offset()) - int(inputs[reads].storage_offset())
-                    aliases[i] = (reads, o.size(), o.stride(), rel)
+                elif o.dtype == meta[at][0]:  # its offset from the argument's
+                    aliases[i] = (at, o.size(), o.stride(), int(o.storage_offset()) - meta[at][1])
                 continue  # a view of a tensor the caller owns: not the graph's memory
             if self.user_outputs is not None and i < self.user_outputs \
                     and i not in self.applied:
                 user.add(i)
             tensors.append(o)
             positions.append(i)
-        if aliases:
-            kind: Any = type(outputs)  # a list or a tuple
-            outputs = kind(None if i in aliases else o for i, o in enumerate(outputs))
+        kind: Any = type(outputs)  # a list or a tuple
+        original = outputs
+        kept_outputs = list(outputs)
+        owners: list[Any] = []
+        theirs: list[int] = []
+        if self.pool is not None and self.DISOWN:
+            # the slot keeps views that own nothing, but of the caller's results
+            # (a loss it may keep for good, whose memory must stay the graph's)
+            # (nor a view of a storage one of those shares: the slot's owning tensor
+            # would keep its recording-call storage alive for good)
+            keep = {_storage(tensors[j]) for j, p in enumerate(positions) if p in user}
+            theirs = [j for j, p in enumerate(positions)
+                      if p not in user and _storage(tensors[j]) not in keep]
+            views = self._disown([tensors[j] for j in theirs])
+            owners = [None] * len(tensors)
+            for j, v in zip(theirs, views, strict=True):
+                owners[j] = StorageWeakRef(tensors[j].untyped_storage())
+                tensors[j] = kept_outputs[positions[j]] = v
+        for i in aliases:
+            kept_outputs[i] = None
+        outputs = kind(kept_outputs)
+        del kept_outputs
         storages = [o.untyped_storage() for o in tensors]
         handles = [st._cdata for st in storages]
-        slot = _Slot(replay, _addresses(inputs), buffers, outputs, tensors,
+        slot = _Slot(replay, reads, buffers, outputs, tensors,
                      [o.data_ptr() for o in tensors],
                      [torch._C._storage_Use_Count(h) for h in handles],
                      copies, static, storages, handles, positions, frozenset(user), exposed,
-                     self.held_once, aliases)
+                     self.held_once, exposed_args=exposed_args, owners=owners,
+                     disowned=tuple(theirs), aliases=aliases)
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
-        _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
         if self.pool is not None:
             self.pool.slots.append(slot)
-        where = ("the caller's tensors" if len(static) == len(args) else
-                 f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in"
-                 f" ({_largest(args, static)})")
+            self.pool.refresh = False
+        entry.slots.append(slot)
+        self.replays += 1
         held = f"; result(s) {sorted(self.held_once)} handed out as copies (held past " \
             "their step before)" if self.held_once else ""
-        self.recorded = (f"CUDA graph recorded for {len(args)} argument(s), reading {where}"
+        self.recorded = (f"CUDA graph recorded for {len(reads)} argument(s), reading {where}"
                          f"{held}: replayed from now on")
         self.log(self.recorded)
-        return slot
+        args.clear()
+        # this call's results, made after the slot counted its references: the
+        # recording's tensors (copies where `copies` says)
+        return kind((o.clone() if i in copies else o.detach())
+                    if isinstance(o, torch.Tensor) else o for i, o in enumerate(original))
 
-    def _record(self, inputs: list[torch.Tensor]) -> tuple[Callable[[], Any], Sequence[Any]]:
-        """Record `fn` on `inputs` as a CUDA graph: its replay and its outputs."""
+    def _turn_off(self, e: Exception) -> None:
+        self.disabled = f"capture failed: {type(e).__name__}: {e}"
+        self.log(f"CUDA graph off: {self.disabled}")
+        torch.cuda.synchronize()
+
+    def _warm_up(self, inputs: list[torch.Tensor]) -> tuple[Any, list[Any]] | None:
+        """Run the wrapper once outside any recording, on a side stream (allocations
+        and library handles made outside the capture). Its results, and the values it
+        wrote into inputs the graph updates (put back: the replay after the recording
+        updates them once), are this call's if the recording fails."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        # the warm-up run writes into the inputs the graph updates: undone after it,
-        # so that they are updated once, by the replay that follows the recording
         before = [(inputs[i], inputs[i].clone()) for i in sorted(self.mutated)]
         with torch.cuda.stream(side):
-            self.fn(list(inputs))  # allocations and library handles made outside the capture
+            results = self.fn(list(inputs))
+            applied = [(dst, dst.clone()) for dst, _ in before]
             for dst, src in before:
                 dst.copy_(src)
         torch.cuda.current_stream().wait_stream(side)
-        del before
+        return results, applied
+
+    @staticmethod
+    def _disown(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Views over the same memory whose storages own none of it (one per storage
+        the tensors share), as Inductor's CUDA-graph trees rebuild their outputs."""
+        made: dict[int, Any] = {}
+        out = []
+        for t in tensors:
+            st = t.untyped_storage()
+            alias = made.get(st.data_ptr())
+            if alias is None:
+                alias = made[st.data_ptr()] = torch._C._construct_storage_from_data_pointer(
+                    st.data_ptr(), t.device, st.nbytes())
+            out.append(torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+                alias, t.storage_offset(), t.size(), t.stride()))
+        return out
+
+    def _record(self, inputs: list[torch.Tensor]) -> tuple[Callable[[], Any], Sequence[Any]]:
+        """Record `fn` on `inputs` as a CUDA graph: its replay and its outputs. The
+        wrapper takes `inputs` itself, which it empties (boxed)."""
         graph = torch.cuda.CUDAGraph()
         pool = self.pool
         if pool is not None and pool.handle is None:
             pool.handle = torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=None if pool is None else pool.handle):
-                outputs = self.fn(list(inputs))
+                outputs = self.fn(inputs)
         except BaseException:
             _after_failed_capture(graph)
             raise
