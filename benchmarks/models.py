@@ -58,6 +58,13 @@ Columns (per model, mode and backend):
 * path: eager; Inductor: graphs compiled and graph breaks (Dynamo's counters); rewritec:
   graphs compiled / fell back to ATen / replayed as CUDA graphs (`rewritec.report.RECORDS`).
 
+Under each GPU table, where its kernels and memory go (the "why" of a missed target):
+the same profile's kernels by kind (`kernel_kind`: generated, ATen's own, matrix
+products and convolutions, attention), count and GPU ms a step, with the commonest
+generated and ATen kernels in the JSON (`kernel_breakdown.top`); and the memory
+reserved after the timed steps, in private pools (CUDA graphs') and in the caching
+allocator's shared pools, from `torch.cuda.memory._snapshot()` (`pools_mb`).
+
 A failing (model, mode, backend), exception or OOM, is a row with the error's first
 line. Output: the tables, printed and written to `benchmarks/results/models-<device>.md`
 (device: `h100`, `cpu`, ...; `--out` elsewhere) with the raw numbers in the `.json`
@@ -137,6 +144,9 @@ class Row:
     graphs: dict[str, int] = field(default_factory=dict)
     # rewritec: coverage.py's measure summed over the graphs compiled (report.json's form)
     coverage: dict[str, Any] | None = None
+    # the profile's kernels by kind, and the commonest generated and ATen ones (GPU)
+    kernel_breakdown: dict[str, Any] | None = None
+    pools_mb: dict[str, float] | None = None  # reserved after the timed steps (GPU)
 
 
 @dataclass(frozen=True)
@@ -243,10 +253,11 @@ def time_steps(step: Callable[[], Any], settings: Settings) -> tuple[float, floa
 
 
 def profile_kernels(step: Callable[[], Any], device: torch.device
-                    ) -> tuple[float | None, float | None]:
-    """(device kernel ms per step, kernels per step) over PROFILE_STEPS steps; CUDA only."""
+                    ) -> tuple[float | None, float | None, dict[str, Any] | None]:
+    """(device kernel ms per step, kernels per step, `kernel_breakdown`) over
+    PROFILE_STEPS steps; CUDA only."""
     if device.type != "cuda":
-        return None, None
+        return None, None, None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -254,10 +265,66 @@ def profile_kernels(step: Callable[[], Any], device: torch.device
         for _ in range(PROFILE_STEPS):
             step()
         synchronize(device)
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
+    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+               if e.device_type == DeviceType.CUDA
                and not e.name.startswith(("Memcpy", "Memset"))]
-    total_us = sum(e.time_range.elapsed_us() for e in kernels)
-    return total_us / 1e3 / PROFILE_STEPS, len(kernels) / PROFILE_STEPS
+    total_us = sum(us for _, us in kernels)
+    return (total_us / 1e3 / PROFILE_STEPS, len(kernels) / PROFILE_STEPS,
+            kernel_breakdown(kernels, PROFILE_STEPS))
+
+
+# Substrings of the device kernels' names, per kind (checked in this order, lower case)
+KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("matmul/conv", ("gemm", "matmul", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "conv",
+                     "sm90_", "sm80_", "cudnn")),
+    ("aten", ("at::native", "at::cuda", "at_cuda_detail", "void at::", "elementwise_kernel",
+              "reduce_kernel", "cub::", "thrust::")),
+)
+TOP_KERNELS = 15
+GENERATED = ("triton_", "fuse_")  # Inductor's and rewritec's Triton kernels
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a device kernel, from its name: attention, matmul/conv (library
+    calls), aten (ATen's own kernels: copies, casts, pointwise and reductions it ran
+    outside any generated kernel) or generated (Triton's: Inductor's or rewritec's)."""
+    low = name.lower()
+    if low.startswith(GENERATED) and not any(m in low for m in ("attention", "matmul")):
+        return "generated"  # (Inductor names a conv's fused epilogue "..._convolution_...")
+    for kind, marks in KERNEL_KINDS:
+        if any(m in low for m in marks):
+            return kind
+    return "generated"
+
+
+def kernel_breakdown(kernels: Sequence[tuple[str, float]], steps: int) -> dict[str, Any]:
+    """Per kind, {"count", "ms"} a step; `top`: the commonest generated and ATen
+    kernels, [name (200 characters at most), count a step, ms a step], by count."""
+    kinds: dict[str, dict[str, float]] = {}
+    names: dict[str, list[float]] = {}
+    for name, us in kernels:
+        kind = kernel_kind(name)
+        k = kinds.setdefault(kind, {"count": 0.0, "ms": 0.0})
+        k["count"] += 1 / steps
+        k["ms"] += us / 1e3 / steps
+        if kind in ("generated", "aten"):
+            n = names.setdefault(name[:200], [0.0, 0.0])
+            n[0] += 1 / steps
+            n[1] += us / 1e3 / steps
+    top = sorted(names.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:TOP_KERNELS]
+    return {"kinds": kinds, "top": [[n, c, ms] for n, (c, ms) in top]}
+
+
+def pools_mb(device: torch.device) -> dict[str, float] | None:
+    """Reserved MB now: in private pools (CUDA graphs') and in the shared ones."""
+    if device.type != "cuda":
+        return None
+    out = {"graph pools": 0.0, "shared": 0.0}
+    for seg in torch.cuda.memory._snapshot(device)["segments"]:
+        private = tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0)
+        out["graph pools" if private else "shared"] += seg["total_size"] / 2**20
+    return out
 
 
 def path_of(backend: str, records: list[Any], dynamo_before: dict[str, int]
@@ -372,7 +439,8 @@ def measure(row: Row, built: Built, inputs: Inputs, ref: Reference, settings: Se
     if settings.cuda:
         row.peak_mb = peak_mb(settings.device, base)
         row.reserved_mb = reserved_mb(settings.device, reserved_base)
-    row.gpu_ms, row.kernels = profile_kernels(step, settings.device)
+    row.pools_mb = pools_mb(settings.device)
+    row.gpu_ms, row.kernels, row.kernel_breakdown = profile_kernels(step, settings.device)
     row.path, row.graphs = path_of(backend, rewritec_records(), dynamo_before)
     row.coverage = coverage_of(backend, rewritec_records())
 
@@ -562,6 +630,28 @@ def outside_lines(mode_groups: Sequence[Sequence[Row]], top: int = 10) -> list[s
     return ["", title, "", *lines] if lines else []
 
 
+BREAKDOWN_KINDS = ("generated", "aten", "matmul/conv", "attention")
+
+
+def breakdown_lines(mode_groups: Sequence[Sequence[Row]]) -> list[str]:
+    """A table of each row's kernels by kind (count / GPU ms a step) and reserved
+    memory by pool, for the rows that have them (GPU)."""
+    rows = [r for g in mode_groups for r in g if r.kernel_breakdown or r.pools_mb]
+    if not rows:
+        return []
+    lines = ["", "Kernels by kind, count / GPU ms a step; reserved MB after the timed steps:",
+             "", "| model | backend | " + " | ".join(BREAKDOWN_KINDS)
+             + " | graph pools MB | shared MB |", "|---|---|" + "---:|" * 6]
+    for r in rows:
+        kinds = (r.kernel_breakdown or {}).get("kinds", {})
+        cells = [f"{fmt(kinds[k]['count'])} / {fmt(kinds[k]['ms'])}" if k in kinds else "—"
+                 for k in BREAKDOWN_KINDS]
+        pools = r.pools_mb or {}
+        lines.append(f"| {r.model} | {r.backend} | " + " | ".join(cells)
+                     + f" | {fmt(pools.get('graph pools'))} | {fmt(pools.get('shared'))} |")
+    return lines
+
+
 def best(rows: Sequence[Row], prefix: str) -> float | None:
     times = [r.ms for r in rows if r.backend.split("-")[0] == prefix and r.ms]
     return min(times) if times else None
@@ -665,6 +755,7 @@ def markdown(rows: Sequence[Row], env: dict[str, Any]) -> str:
         shapes = "; ".join(f"`{g[0].model}` {g[0].shape}" for g in mode_groups if g[0].shape)
         lines += ["", f"Shapes: {shapes}"]
         lines += outside_lines(mode_groups)
+        lines += breakdown_lines(mode_groups)
     lines += ["", "## Summary", "", "| mode / backend | models | geomean time / Inductor best "
               "| slower than eager | memory > Inductor's | host time > Inductor's |",
               "|---|---:|---:|---:|---:|---:|"]

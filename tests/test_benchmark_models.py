@@ -136,6 +136,39 @@ def test_cuda_graph_modes_compare_reserved_memory() -> None:
     assert summary(rows)["train rewritec-ro"]["more_memory"] == 0
 
 
+def test_kernels_are_told_apart_by_kind_and_tabled_with_the_pools() -> None:
+    """The profile's kernels by kind (what a missed kernel or GPU-time target is made
+    of) and the reserved memory by pool, under the table of their mode."""
+    names = {
+        "triton_poi_fused__to_copy_add_0": "generated",
+        "triton_poi_fused_convolution_relu_3": "generated",  # a conv's epilogue
+        "fuse_row_ad38b274": "generated",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>":
+            "aten",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>": "aten",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul/conv",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT": "matmul/conv",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16": "attention",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention",
+    }
+    for name, kind in names.items():
+        assert models.kernel_kind(name) == kind, name
+    kernels = [("fuse_row_1", 10.0), ("fuse_row_1", 20.0), ("nvjet_x", 100.0),
+               ("void at::native::elementwise_kernel<copy>", 5.0)]
+    got = models.kernel_breakdown(kernels, steps=2)
+    assert got["kinds"]["generated"] == {"count": 1.0, "ms": 0.015}
+    assert got["kinds"]["matmul/conv"] == {"count": 0.5, "ms": 0.05}
+    assert [t[0] for t in got["top"]] == ["fuse_row_1", "void at::native::elementwise_kernel<copy>"]
+    rows = [Row("a", "llm", "train", "rewritec-ro", ms=1.0, kernel_breakdown=got,
+                pools_mb={"graph pools": 1870.0, "shared": 620.0}),
+            Row("a", "llm", "train", "eager", ms=2.0)]
+    text = markdown(rows, env())
+    line = next(x for x in text.splitlines() if x.startswith("| a | rewritec-ro | 1 /"))
+    assert "| 1 / 0.015 | 0.5 / 0.0025 | 0.5 / 0.05 | — | 1870 | 620 |" in line, line
+    assert "| a | eager |" not in text.split("Kernels by kind")[1]  # no profile: no row
+    assert "Kernels by kind" not in markdown(rows[1:], env())
+
+
 def test_coverage_adds_up_the_graphs_and_lists_what_stays_outside() -> None:
     from rewritec.report import GraphRecord
 
