@@ -253,6 +253,7 @@ class _Slot:
     # handed out, while it may live; None after.
     owners: list[Any] = field(default_factory=list)
     disowned: tuple[int, ...] = ()  # indices of the `tensors` that own no memory
+    produced: tuple[int, ...] = ()  # the arguments read in place that graphs made
     # results that view an argument read in place (a loss graph saving the logits it
     # reads): per position, the argument, the view's size and stride, and its storage
     # offset less the argument's. The slot keeps no tensor of theirs, whose hold on
@@ -369,8 +370,16 @@ class _Slot:
         copies = self.copies
         if not copies and not self.aliases and self.all_tensors:
             return kind(map(torch.Tensor.detach, self.outputs))
-        out = [(o.clone() if i in copies else o.detach()) if isinstance(o, torch.Tensor)
-               else o for i, o in enumerate(self.outputs)]
+        out = [o.detach() if isinstance(o, torch.Tensor) and i not in copies else o
+               for i, o in enumerate(self.outputs)]
+        at = [i for i in copies if isinstance(out[i], torch.Tensor)]
+        if at:
+            # one call for many (a backward's gradients): a clone each costs a launch
+            srcs = [out[i] for i in at]
+            dsts = [torch.empty_like(t) for t in srcs]
+            torch._foreach_copy_(dsts, srcs)
+            for i, t in zip(at, dsts, strict=True):
+                out[i] = t
         for i, (a, size, stride, rel) in self.aliases.items():
             arg = args[a]
             out[i] = arg.detach().as_strided(size, stride, arg.storage_offset() + rel)
@@ -495,6 +504,7 @@ class CudaGraphRunner:
         if slot is None:
             if len(entry.slots) >= self.slots and not self._copy_held(entry, args) \
                     and not self._make_room(entry, args):
+                self._copy_later_held(entry, args)
                 self.plain += 1
                 return self._run_plainly(key, args)
             if self.pool is not None and any(s.disowned_held() for s in self.pool.slots):
@@ -517,7 +527,12 @@ class CudaGraphRunner:
         if self.rerecords >= RERECORDS:
             return False
         for slot in entry.slots:
-            if slot.free() and not slot.takes(args):
+            # (not when an argument the slot reads from another graph's results comes
+            # from a plain run of that graph: a recording now would copy that graph's
+            # results into buffers at every replay from then on)
+            if slot.free() and not slot.takes(args) and not any(
+                    args[i].data_ptr() != slot.reads[i] and _storage(args[i]) not in
+                    _GRAPH_OUTPUTS for i in slot.produced):
                 self.rerecords += 1
                 entry.slots.remove(slot)
                 self._retire([slot])
@@ -561,6 +576,29 @@ class CudaGraphRunner:
                 self._retire([slot])
                 retired = True
         return retired
+
+    def _copy_later_held(self, entry: _Entry, args: list[torch.Tensor]) -> None:
+        """A slot that could replay but for results of graphs recorded after it in
+        the pool that the caller still holds (a training loop that zeroes the
+        gradients after the forward: the last backward's gradients are the
+        parameters' `.grad` while the forward runs): those results are handed out as
+        copies from now on, so that the slot replays from the next call on."""
+        if self.pool is None:
+            return
+        for slot in entry.slots:
+            if not slot.takes(args):
+                continue
+            later = False
+            for other in self.pool.slots:
+                if later:
+                    new = {other.positions[j] for j in other.held(range(len(other.tensors)))}
+                    new -= other.copies
+                    if new:
+                        other.copies |= new
+                        other.held_once |= new  # its runner's: a new recording copies them
+                        self.log(f"{self.recorded}; result(s) {sorted(new)} of a later graph "
+                                 "held when this one replays: handed out as copies from now on")
+                later = later or other is slot
 
     def _retire(self, slots: list[_Slot]) -> None:
         if self.pool is not None:
@@ -618,6 +656,7 @@ class CudaGraphRunner:
                  f"{len(static)} argument(s) in place, {len(args) - len(static)} copied in"
                  f" ({_largest(args, static)})")
         _GRAPH_PARAMS.update(_storage(args[i]) for i in static if self._is_param(i))
+        produced = tuple(i for i in static if _storage(args[i]) in _GRAPH_OUTPUTS)
         # arguments read in place that no recorded graph made (parameters, a refilled
         # input buffer): kept until the replay below has read them
         kept = [a for i, a in enumerate(inputs)
@@ -700,7 +739,7 @@ class CudaGraphRunner:
                      [torch._C._storage_Use_Count(h) for h in handles],
                      copies, static, storages, handles, positions, frozenset(user), exposed,
                      self.held_once, exposed_args=exposed_args, owners=owners,
-                     disowned=tuple(theirs), aliases=aliases)
+                     disowned=tuple(theirs), produced=produced, aliases=aliases)
         _GRAPH_OUTPUTS.update(_storage(o) for o in tensors)
         if self.pool is not None:
             self.pool.slots.append(slot)

@@ -444,6 +444,33 @@ def test_a_backward_first_seen_after_its_forward_recorded_records_with_it() -> N
     assert [len(e.slots) for e in bw.graphs.values()] == [1]
 
 
+def test_gradients_zeroed_after_the_forward_are_copied_out_and_both_replay() -> None:
+    """A loop that zeroes the gradients after the forward (`loss = model(x);
+    opt.zero_grad(); loss.backward()`) holds the last backward's results while the
+    forward runs, which a replay of the forward could overwrite: that forward runs
+    plainly once, the backward hands those results out as copies from then on, and
+    both replay after that; what the caller held never changes."""
+    fw, bw, _ = _disowning_pair()
+    w = torch.randn(4)
+    grad = None
+    for _ in range(8):
+        x = torch.randn(3, 4)
+        kept = None if grad is None else grad.clone()
+        loss, *saved = fw([x, w])
+        if grad is not None:
+            torch.testing.assert_close(grad, kept)  # untouched by the forward
+        grad = None  # zero_grad(set_to_none=True), after the forward
+        args = [*saved, torch.ones(())]
+        del saved
+        (grad,) = bw(args)
+        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+        torch.testing.assert_close(grad, (2 * x * w).sum(0))
+        del loss
+    (bw_slot,) = next(iter(bw.graphs.values())).slots
+    assert bw_slot.copies == {0}
+    assert fw.plain == 1 and bw.plain == 1 and fw.replays == 6 and bw.replays == 6
+
+
 def test_activations_held_past_their_backward_are_never_recorded_over() -> None:
     """Two forwards before their backwards (gradient accumulation): the first one's
     activations, over memory the allocator counts as free, are still held while the
@@ -784,6 +811,35 @@ def test_reduce_overhead_training_reuses_freed_activations_as_eager_does() -> No
     print(f"pool {pool / 2**20:.0f} MB, eager peak {eager_peak / 2**20:.0f} MB")
     # and the cuBLAS workspace the recording stream needs (32 MB on an H200)
     assert pool <= 1.1 * eager_peak + (40 << 20), (pool / 2**20, eager_peak / 2**20)
+
+
+@cuda
+def test_reduce_overhead_zeroing_gradients_after_the_forward_still_replays() -> None:
+    """`loss = model(x); opt.zero_grad(); loss.backward(); opt.step()`: the last
+    step's gradients are still the parameters' `.grad` when the forward runs; after
+    one plain forward the backward hands them out as copies and both graphs replay,
+    with losses and weights equal to eager's step after step."""
+    torch.manual_seed(0)
+    model, ref = TrainBlock().cuda(), TrainBlock().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="rewritec", mode="reduce-overhead")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in (model, ref)]
+    report.reset()
+    for _ in range(6):
+        x = torch.randn(8, 16, 64, device="cuda")
+        losses = []
+        for fn, opt in ((compiled, opts[0]), (ref, opts[1])):
+            loss = fn(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-4)
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)
+    decided = [r.cudagraphs for r in report.RECORDS if r.kind in ("forward", "backward")]
+    assert decided and all("recorded" in d for d in decided), decided
+    assert any("of a later graph held" in d for d in decided), decided
 
 
 @cuda
