@@ -89,3 +89,27 @@ def test_integer_clamp_stays_exact() -> None:
     fn = lambda x: torch.clamp(x, -3_000_000_000, 7) + 1  # noqa: E731
     torch._dynamo.reset()
     torch.testing.assert_close(rewritec.compile(fn, strict=True)(x), fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32], ids=str)
+def test_relu_keeps_zeros_and_nan_as_aten_does(target: str, dtype: torch.dtype) -> None:
+    """relu(-0.0) is -0.0 in ATen's CPU kernel (a clamp_min that keeps what is not
+    below 0); a kernel's relu gives the same zeros and nan on the device it runs on
+    (Triton's is checked against eager on a GPU only: the interpreter's maximum
+    orders the zeros as NumPy does)."""
+    if target == "triton" and not torch.cuda.is_available():
+        pytest.skip("Triton's relu is checked against CUDA eager")
+    x = _special((7, 33), torch.float32)
+    x = (x if dtype.is_floating_point else x.nan_to_num(0.0).clamp(-100, 100)).to(dtype)
+    x = x.to(_device(target))
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.relu(t) * 1) * 1
+
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(x)
+    want = fn(x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    if dtype.is_floating_point:
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
