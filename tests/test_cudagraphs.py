@@ -56,13 +56,8 @@ def test_option_values(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 
-class RecordingOnCpu(CudaGraphRunner):
-    """The runner with a stand-in for CUDA-graph recording: a "replay" runs the
-    wrapper again on what the graph reads (its own buffers, and the caller's
-    tensors it reads in place, never kept alive by the recording) and writes the
-    results into the recorded outputs, as a real replay overwrites the graph's memory."""
-
-    DISOWN = False  # results here are CPU memory: the slot keeps them
+class _OnCpu(CudaGraphRunner):
+    """A runner that takes CPU tensors and warms up nothing (no CUDA to start)."""
 
     @staticmethod
     def _accepts(args):
@@ -70,6 +65,15 @@ class RecordingOnCpu(CudaGraphRunner):
 
     def _warm_up(self, inputs):
         return None
+
+
+class RecordingOnCpu(_OnCpu):
+    """The runner with a stand-in for CUDA-graph recording: a "replay" runs the
+    wrapper again on what the graph reads (its own buffers, and the caller's
+    tensors it reads in place, never kept alive by the recording) and writes the
+    results into the recorded outputs, as a real replay overwrites the graph's memory."""
+
+    DISOWN = False  # results here are CPU memory: the slot keeps them
 
     def __call__(self, args):
         self._args = list(args)
@@ -96,20 +100,13 @@ class RecordingOnCpu(CudaGraphRunner):
         return replay, outputs
 
 
-class DisowningOnCpu(CudaGraphRunner):
+class DisowningOnCpu(_OnCpu):
     """The runner with a stand-in for recording into a pool, as on a GPU: each result
     the recording makes lives in memory the stand-in keeps (the pool's), and what the
     recording call hands out are tensors over that memory that own none of it, so
     they die as the allocator's do there. A replay runs the wrapper again on what the
     graph reads and writes the results into that memory. Memory reuse inside the
     pool is not modelled: only who holds what, and when a graph may replay."""
-
-    @staticmethod
-    def _accepts(args):
-        return True
-
-    def _warm_up(self, inputs):
-        return None
 
     def __call__(self, args):
         self._now, self._ids = args, [id(a) for a in args]
@@ -401,19 +398,24 @@ def _step(fw, bw, x, w):
     return loss, bw(args)
 
 
+def _steps(fw, bw, n: int) -> None:
+    """`n` training steps of the pair, each checked against its formula."""
+    w = torch.randn(4)
+    for _ in range(n):
+        x = torch.randn(3, 4)
+        loss, (dw,) = _step(fw, bw, x, w)
+        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
+        torch.testing.assert_close(dw, (2 * x * w).sum(0))
+        del loss, dw
+
+
 def test_a_pooled_graph_keeps_no_activation_alive_for_the_backward_to_reuse() -> None:
     """In a pool, a forward graph's slot keeps its saved activations over memory it
     does not own: once the recording call's activations die in the backward (whose
     recording may then reuse that memory), nothing holds them; the backward replays
     while the only references to them are its own arguments."""
     fw, bw, pool = _disowning_pair()
-    w = torch.randn(4)
-    for _ in range(5):
-        x = torch.randn(3, 4)
-        loss, (dw,) = _step(fw, bw, x, w)
-        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
-        torch.testing.assert_close(dw, (2 * x * w).sum(0))
-        del loss, dw
+    _steps(fw, bw, 5)
     (fw_slot,) = next(iter(fw.graphs.values())).slots
     (bw_slot,) = next(iter(bw.graphs.values())).slots
     assert fw_slot.disowned == (1,)  # the activation; the loss is the caller's
@@ -425,20 +427,14 @@ def test_a_pooled_graph_keeps_no_activation_alive_for_the_backward_to_reuse() ->
 
 
 def test_a_backward_first_seen_after_its_forward_recorded_records_with_it() -> None:
-    """A backward whose arguments first qualify once the forward replays (T5's
-    attention hands out its random state on the host in a plain run) would record
-    over activations the allocator counts as free: it runs plainly, the forward
-    records again at the next step, and both replay from then on."""
+    """A backward whose arguments first qualify once the forward replays (what
+    T5-small's training step on an H200 looked like: its backward never recorded)
+    would record over activations the allocator counts as free: it runs plainly, the
+    forward records again at the next step, and both replay from then on."""
     fw, bw, pool = _disowning_pair()
     calls = []
     bw._accepts = lambda args: bool(calls.append(1)) or len(calls) > 1
-    w = torch.randn(4)
-    for _ in range(7):
-        x = torch.randn(3, 4)
-        loss, (dw,) = _step(fw, bw, x, w)
-        torch.testing.assert_close(loss, ((x * w) ** 2).sum())
-        torch.testing.assert_close(dw, (2 * x * w).sum(0))
-        del loss, dw
+    _steps(fw, bw, 7)
     assert fw.rerecords == 1 and bw.plain == 1 and not pool.refresh
     assert fw.replays == 6 and bw.replays == 4
     assert [len(e.slots) for e in bw.graphs.values()] == [1]
