@@ -1029,6 +1029,15 @@ MOTIFS: dict[str, list[tuple[str, Any, str | None]]] = {
     "reshape-contiguous-view": [("transpose", None, None), ("contiguous", (), None),
                                 ("view", None, None)],
     "cast-roundtrip": [("cast", None, None), ("cast", ("<start dtype>",), None)],
+    # rules/simplify/sink_views.yaml: a transpose below the op that feeds its copy
+    "add-transpose-copy": [("add", (1,), None), ("transpose", None, None),
+                           ("contiguous", (), None)],
+    "mul-transpose-copy": [("mul", (), None), ("transpose", None, None),
+                           ("contiguous", (), None)],
+    "sum-transpose-copy": [("sum", ((0,), False), None), ("transpose", None, None),
+                           ("contiguous", (), None)],
+    # rules/simplify/views.yaml: a view of a sum that kept its dim (a bias gradient)
+    "keepdim-sum-view": [("sum", ((0,), True), None), ("view", None, None)],
     "relu-relu": [("relu", (), None), ("relu", (), None)],
     "relu-abs": [("abs", (), None), ("relu", (), None)],
     "tanh-neg": [("neg", (), None), ("tanh", (), None)],
@@ -1043,6 +1052,12 @@ MOTIFS: dict[str, list[tuple[str, Any, str | None]]] = {
 }
 
 
+# The least rank of a motif's first operand where a later step needs more than the
+# first does (a transpose after a sum over dim 0 needs rank 3)
+MOTIF_RANKS = {"add-transpose-copy": 2, "mul-transpose-copy": 2, "sum-transpose-copy": 3,
+               "keepdim-sum-view": 1}
+
+
 @st.composite
 def _motif(draw: Any, b: _Builder, allow_conv: bool) -> None:
     name = draw(st.sampled_from(sorted(MOTIFS)))
@@ -1053,6 +1068,8 @@ def _motif(draw: Any, b: _Builder, allow_conv: bool) -> None:
     rank_ok = {"conv2d": lambda d: d == 4, "mm": lambda d: d == 2}.get(
         first, (lambda d: d >= 2) if first in ("transpose", "permute", "matmul")
         else (lambda d: True))
+    if name in MOTIF_RANKS:  # what the later steps need of the first one's operand
+        rank_ok = lambda d, least=MOTIF_RANKS[name]: d >= least  # noqa: E731
     cands = [i for i, v in enumerate(b.vals) if rank_ok(v.dim())]
     if cands:
         ai = draw(st.sampled_from(cands))
