@@ -2,6 +2,8 @@
 # One call of the device tool (see benchmarks/README.md): install the carried wheels
 # (.whl/, e.g. lark, which the GPU machine lacks), run the GPU tests, then the benchmark.
 #   TESTS="tests/test_attention.py ..."  CASES=all|gpt2_block,mlp  PROBES=none|default|a,b
+#   MODELS=gpt2,llama [MODES=train] [BACKENDS=inductor-ro,rewritec-ro] [STEPS=8]: the
+#   models suite (benchmarks/models.py), written to $OUT/models.md and .json
 #   NOWORKER=1: the probe cases again with REWRITEC_COMPILE_WORKER=0 (runtime/ahead.py),
 #   written to $OUT/cuda_noworker.md, for the compile workers' effect on the same machine
 # Before the call, on a machine that reaches PyPI (.whl/ is git-ignored, so a fresh
@@ -51,4 +53,9 @@ if [ -n "${NOWORKER:-}" ]; then
   case "${PROBES:-default}" in default|none) ;; *) NW=$PROBES ;; esac
   REWRITEC_COMPILE_WORKER=0 python3 -m benchmarks.run --device cuda --quick \
     --cases "$NW" --out "$OUT/cuda_noworker.md" 2>&1 | tail -12
+fi
+if [ -n "${MODELS:-}" ]; then
+  python3 -m benchmarks.models --models "$MODELS" --modes "${MODES:-train}" \
+    --backends "${BACKENDS:-inductor-ro,rewritec-ro}" --steps "${STEPS:-8}" --warmup 3 \
+    --out "$OUT/models.md" 2>&1 | grep " | " | cut -c1-220
 fi
