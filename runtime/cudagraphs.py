@@ -186,14 +186,14 @@ class Pool:
         # to be its own again: their graphs record again when next free
         self.refresh = False
 
+    def after(self, slot: _Slot) -> list[_Slot]:
+        """The slots recorded after `slot` in this pool."""
+        at = next((i for i, s in enumerate(self.slots) if s is slot), len(self.slots))
+        return self.slots[at + 1:]
+
     def clear_after(self, slot: _Slot) -> bool:
         """No slot recorded after `slot` in this pool holds results still alive."""
-        later = False
-        for other in self.slots:
-            if later and not other.free():
-                return False
-            later = later or other is slot
-        return True
+        return all(other.free() for other in self.after(slot))
 
     def dead(self) -> list[tuple[_Slot, list[int]]]:
         """The results of this pool's slots that nothing outside holds now, per slot
@@ -325,12 +325,10 @@ class _Slot:
         owned = set(self.owned())
         return bool(self.held([j for j in self.disowned if j not in owned]))
 
-    def unexposed(self, args: Sequence[Any] = ()) -> bool:
+    def unexposed(self, args: Sequence[Any]) -> bool:
         """Are the earlier slots' results this graph may write over still dead (or
         held only by `args`, the arguments of the call about to replay it, which it
         reads before it writes over them)?"""
-        if not args or len(self.exposed_args) != len(self.exposed):
-            return not any(slot.held(dead) for slot, dead in self.exposed)
         count = torch._C._storage_Use_Count
         for (slot, dead), places, (handles, uses, tensors, addresses) in zip(
                 self.exposed, self.exposed_args, self._expected, strict=True):
@@ -367,19 +365,9 @@ class _Slot:
         """New tensors over the results' memory (copies where `copies` says) and over
         the arguments the `aliases` view, in the wrapper's container type."""
         kind: Any = type(self.outputs)  # a list or a tuple
-        copies = self.copies
-        if not copies and not self.aliases and self.all_tensors:
+        if not self.copies and not self.aliases and self.all_tensors:
             return kind(map(torch.Tensor.detach, self.outputs))
-        out = [o.detach() if isinstance(o, torch.Tensor) and i not in copies else o
-               for i, o in enumerate(self.outputs)]
-        at = [i for i in copies if isinstance(out[i], torch.Tensor)]
-        if at:
-            # one call for many (a backward's gradients): a clone each costs a launch
-            srcs = [out[i] for i in at]
-            dsts = [torch.empty_like(t) for t in srcs]
-            torch._foreach_copy_(dsts, srcs)
-            for i, t in zip(at, dsts, strict=True):
-                out[i] = t
+        out = _handed_out(self.outputs, self.copies)
         for i, (a, size, stride, rel) in self.aliases.items():
             arg = args[a]
             out[i] = arg.detach().as_strided(size, stride, arg.storage_offset() + rel)
@@ -588,17 +576,14 @@ class CudaGraphRunner:
         for slot in entry.slots:
             if not slot.takes(args):
                 continue
-            later = False
-            for other in self.pool.slots:
-                if later:
-                    new = {other.positions[j] for j in other.held(range(len(other.tensors)))}
-                    new -= other.copies
-                    if new:
-                        other.copies |= new
-                        other.held_once |= new  # its runner's: a new recording copies them
-                        self.log(f"{self.recorded}; result(s) {sorted(new)} of a later graph "
-                                 "held when this one replays: handed out as copies from now on")
-                later = later or other is slot
+            for other in self.pool.after(slot):
+                new = {other.positions[j] for j in other.held(range(len(other.tensors)))}
+                new -= other.copies
+                if new:
+                    other.copies |= new
+                    other.held_once |= new  # its runner's: a new recording copies them
+                    self.log(f"{self.recorded}; result(s) {sorted(new)} of a later graph "
+                             "held when this one replays: handed out as copies from now on")
 
     def _retire(self, slots: list[_Slot]) -> None:
         if self.pool is not None:
@@ -754,8 +739,7 @@ class CudaGraphRunner:
         args.clear()
         # this call's results, made after the slot counted its references: the
         # recording's tensors (copies where `copies` says)
-        return kind((o.clone() if i in copies else o.detach())
-                    if isinstance(o, torch.Tensor) else o for i, o in enumerate(original))
+        return kind(_handed_out(original, copies))
 
     def _turn_off(self, e: Exception) -> None:
         self.disabled = f"capture failed: {type(e).__name__}: {e}"
@@ -808,6 +792,22 @@ class CudaGraphRunner:
             _after_failed_capture(graph)
             raise
         return graph.replay, outputs
+
+
+def _handed_out(outputs: Sequence[Any], copies: set[int]) -> list[Any]:
+    """A graph's results as its caller gets them: each tensor detached, or copied
+    where `copies` says, the copies in one call (a backward's gradients: a clone
+    each costs a launch)."""
+    out = [o.detach() if isinstance(o, torch.Tensor) and i not in copies else o
+           for i, o in enumerate(outputs)]
+    at = [i for i in copies if isinstance(out[i], torch.Tensor)]
+    if at:
+        srcs = [out[i] for i in at]
+        dsts = [torch.empty_like(t) for t in srcs]
+        torch._foreach_copy_(dsts, srcs)
+        for i, t in zip(at, dsts, strict=True):
+            out[i] = t
+    return out
 
 
 def _largest(args: Sequence[torch.Tensor], static: Sequence[int], top: int = 3) -> str:
