@@ -42,9 +42,10 @@ The runner keeps results exactly as without it:
   held (it could be placed there); the graphs holding such results record again
   when next free (`Pool.refresh`). Without this the pool held every saved
   activation and every gradient at once (1.2-1.6x Inductor's memory);
-- a recording's warm-up runs on a side stream, whose cached memory nothing else
-  uses: released after each recording. A failed recording hands out the warm-up's
-  results (its arguments may be freed by then) and replay is off from then on;
+- a recording's warm-up runs on a side stream (one a device), whose cached memory
+  nothing else uses: released after each recording. A failed recording hands out
+  the warm-up's results (its arguments may be freed by then) and replay is off from
+  then on;
 - under `auto`, only graphs of at least AUTO_MIN_LAUNCHES kernel launches and
   ATen calls (AUTO_MIN_LAUNCHES_NO_MATMUL without matrix products) are replayed;
   any capture error means the plain wrapper from then on.
@@ -185,6 +186,17 @@ class Pool:
         # a recording waits for results the allocator counts as free (`_Slot.owners`)
         # to be its own again: their graphs record again when next free
         self.refresh = False
+
+    def forget(self, slots: Sequence[_Slot]) -> None:
+        """Drop `slots` (retired)."""
+        gone = {id(s) for s in slots}
+        self.slots = [s for s in self.slots if id(s) not in gone]
+        if not self.slots:
+            # no graph of the pool is left: the allocator forgets a pool id once
+            # its last graph goes, and a recording into it fails (an internal
+            # assert), so the next recording starts a pool of its own
+            self.handle = None
+            self.refresh = False
 
     def after(self, slot: _Slot) -> list[_Slot]:
         """The slots recorded after `slot` in this pool."""
@@ -587,12 +599,7 @@ class CudaGraphRunner:
 
     def _retire(self, slots: list[_Slot]) -> None:
         if self.pool is not None:
-            self.pool.slots = [s for s in self.pool.slots if s not in slots]
-            if not self.pool.slots:
-                # no graph of the pool is left: the allocator forgets a pool id once
-                # its last graph goes, and a recording into it fails (an internal
-                # assert), so the next recording starts a pool of its own
-                self.pool.handle = None
+            self.pool.forget(slots)
 
     def _pick(self, entry: _Entry, args: list[torch.Tensor]) -> _Slot | None:
         """A free slot that reads the arguments it reads in place where they are, and
@@ -629,8 +636,10 @@ class CudaGraphRunner:
         reads = _addresses(inputs)
         buffers = [None if i in static else a for i, a in enumerate(inputs)]
         places: dict[int, list[int]] = {}
-        for i, a in enumerate(inputs):
-            places.setdefault(_storage(a), []).append(i)
+        # (no loop variable over `inputs`: it would keep the last one, a backward's
+        # incoming gradient, alive through the recording, which could not reuse it)
+        for i, ptr in enumerate(map(_storage, inputs)):
+            places.setdefault(ptr, []).append(i)
         given = {ptr: at[-1] for ptr, at in places.items()}
         # an argument's storage, weakly: an output at a freed argument's address is
         # the recording's own tensor (it took that memory), not a view of it
@@ -751,7 +760,7 @@ class CudaGraphRunner:
         and library handles made outside the capture). Its results, and the values it
         wrote into inputs the graph updates (put back: the replay after the recording
         updates them once), are this call's if the recording fails."""
-        side = torch.cuda.Stream()
+        side = _warm_up_stream()
         side.wait_stream(torch.cuda.current_stream())
         before = [(inputs[i], inputs[i].clone()) for i in sorted(self.mutated)]
         with torch.cuda.stream(side):
@@ -792,6 +801,21 @@ class CudaGraphRunner:
             _after_failed_capture(graph)
             raise
         return graph.replay, outputs
+
+
+# Per device, the one stream every warm-up runs on: each stream gets cuBLAS
+# workspaces of its own (32 MB each on an H200) that live as long as the process, so
+# a stream per recording kept more with every graph recorded (T5-small's training
+# step on an H200: 96 MB on three warm-up streams, 64 MB on one).
+_WARM_UP_STREAMS: dict[int, Any] = {}
+
+
+def _warm_up_stream() -> Any:
+    device = torch.cuda.current_device()
+    stream = _WARM_UP_STREAMS.get(device)
+    if stream is None:
+        stream = _WARM_UP_STREAMS[device] = torch.cuda.Stream()
+    return stream
 
 
 def _handed_out(outputs: Sequence[Any], copies: set[int]) -> list[Any]:

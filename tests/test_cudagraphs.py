@@ -5,6 +5,7 @@ The eligibility rules and the option run everywhere; replay itself needs a GPU.
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -136,10 +137,13 @@ class DisowningOnCpu(_OnCpu):
             handed.append(torch.empty(0, dtype=o.dtype).set_(
                 view, o.storage_offset(), o.size(), o.stride()))
 
+        runner = weakref.ref(self)  # a real graph's replay keeps no runner alive
+
         def replay() -> None:
-            reads, self._first = (self._first or self._now), None
+            me = runner()
+            reads, me._first = (me._first or me._now), None
             now = [b if b is not None else a for b, a in zip(buffers, reads, strict=True)]
-            for place, new in zip(places, self.fn(now), strict=True):
+            for place, new in zip(places, me.fn(now), strict=True):
                 if place is not None:
                     place.copy_(new)
 
@@ -499,6 +503,75 @@ def _split_pair():
     loss = RecordingOnCpu(lambda a: (a[0].logsumexp(1).sum(), a[0][1:]), params=[False],
                           mode="on", kind="forward", user_outputs=1, pool=Pool())
     return model, loss
+
+
+def _broken_step_runners(pool):
+    """The four graphs of a training step with a graph break before its loss (GPT-2
+    and T5 in HF's code), as DisowningOnCpu runners in `pool`: the model's forward
+    (x, w) -> (logits, h) and the loss's (logits) -> (loss, p), then the loss's
+    backward (p, g) -> (dlogits,) and the model's (h, w, dlogits) -> (dw,)."""
+    def model_fw(a):
+        x, w = a
+        return (x @ w, x.clone())
+
+    def loss_fw(a):
+        return (a[0].logsumexp(1).sum(), a[0].softmax(1))
+
+    def loss_bw(a):
+        return (a[0] * a[1],)
+
+    def model_bw(a):
+        h, _w, d = a
+        return (h.t() @ d,)
+
+    def runner(fn, kind, **kw):
+        return DisowningOnCpu(fn, mode="on", kind=kind, pool=pool, **kw)
+
+    return (runner(model_fw, "forward", params=[False, True], user_outputs=1),
+            runner(loss_fw, "forward", params=[False], user_outputs=1),
+            runner(loss_bw, "backward", params=[]), runner(model_bw, "backward", params=[]))
+
+
+def _broken_steps(runners, w, n: int) -> None:
+    fw1, fw2, bw2, bw1 = runners
+    for _ in range(n):
+        x = torch.randn(3, 4)
+        logits, *saved1 = fw1([x, w])
+        loss, *saved2 = fw2([logits])
+        del logits  # autograd keeps what the backward needs, not the logits
+        args = [*saved2, torch.ones(())]
+        del saved2
+        (dlogits,) = bw2(args)
+        args = [*saved1, w.detach(), dlogits]
+        del saved1, dlogits
+        (dw,) = bw1(args)
+        want = x @ w
+        torch.testing.assert_close(loss, want.logsumexp(1).sum())
+        torch.testing.assert_close(dw, x.t() @ want.softmax(1))
+        del loss, dw
+
+
+def test_a_backward_recorded_into_a_pool_may_reuse_its_incoming_gradient() -> None:
+    """Four graphs of a step with a graph break before its loss, in one pool: the
+    model's backward, recorded after the loss's, may reuse the memory of the loss's
+    gradient once it has read it (the recording kept its last argument alive through
+    a loop variable), all four replay with eager's values, and retired slots leave
+    the pool."""
+    from rewritec.runtime.cudagraphs import Pool
+
+    pool = Pool()
+    runners = _broken_step_runners(pool)
+    _broken_steps(runners, torch.randn(4, 6), 6)
+    slots = [s for r in runners for e in r.graphs.values() for s in e.slots]
+    assert len(slots) == 4 and sorted(map(id, pool.slots)) == sorted(map(id, slots))
+    assert [r.replays for r in runners] == [5] * 4 and [r.plain for r in runners] == [0] * 4
+    _, _, bw2_slot, bw1_slot = slots
+    assert any(s is bw2_slot and d == [0] for s, d in bw1_slot.exposed)
+    pool.handle = "a pool id"
+    runners[3]._retire([bw1_slot])
+    assert len(pool.slots) == 3 and pool.handle == "a pool id"
+    pool.forget(slots)
+    assert pool.slots == [] and pool.handle is None
 
 
 def test_a_result_the_next_graph_reads_is_handed_out_uncopied_and_read_in_place() -> None:
