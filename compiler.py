@@ -141,9 +141,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Option
     try:
         fn = _compile(gm, example_inputs, opts, name, rec, params, frozen, parts)
         if frozen:
-            def unfrozen() -> Any:
+            def unfrozen(args: list[Any]) -> Any:
                 sub = report.GraphRecord(name=f"{name}_unfrozen", kind=kind)
-                return _compile(gm, example_inputs, opts, sub.name, sub, params, None)
+                return _compile(gm, args, opts, sub.name, sub, params, None)
 
             fn = FrozenGuard(frozen, fn, unfrozen)
         if split is not None:

@@ -116,7 +116,7 @@ class FrozenGuard:
     """Calls the frozen compilation while the frozen parameters are untouched."""
 
     def __init__(self, frozen: dict[int, torch.Tensor], fast: Any,
-                 make_slow: Callable[[], Any]) -> None:
+                 make_slow: Callable[[list[Any]], Any]) -> None:
         self.frozen = FrozenParams(frozen)
         self.fast = fast
         self.make_slow = make_slow
@@ -127,5 +127,7 @@ class FrozenGuard:
         if self.frozen.untouched(args):
             return self.fast(args)
         if self.slow is None:
-            self.slow = self.make_slow()
+            # compiled for the call that needs it: the guard keeps no inputs of the
+            # first call (an activation after a graph break can be hundreds of MB)
+            self.slow = self.make_slow(list(args))
         return self.slow(args)

@@ -93,6 +93,10 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
 
     # torch's fused attention kernels, not its math path (frontend/attention_masks.py)
     contiguous_attention_masks(gm)
+    # Emptied once AOTAutograd has compiled: torch keeps its compilers (and so what
+    # they close over) for as long as the compiled function lives, and these are the
+    # first call's tensors (on torch 2.11, a GPT-2 training step kept the first
+    # step's 393 MB of logits, the example input of the loss graph after its break).
     values = list(example_inputs)
     returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     n_outputs = len(returned) if isinstance(returned, tuple | list) else 1
@@ -127,12 +131,15 @@ def _through_aot(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Opti
                  "inference_compiler": inference,
                  "decompositions": decomposition_table(kept_whole(opts), _training(values)),
                  "partition_fn": _partition, "keep_inference_input_mutations": True}
-    if any(isinstance(x, list | tuple | dict) for x in example_inputs):
-        # nested inputs: torch's helper flattens them first
-        from torch._dynamo.backends.common import aot_autograd
+    try:
+        if any(isinstance(x, list | tuple | dict) for x in example_inputs):
+            # nested inputs: torch's helper flattens them first
+            from torch._dynamo.backends.common import aot_autograd
 
-        return aot_autograd(**compilers)(gm, example_inputs)
-    return _aot(gm, example_inputs, compilers)
+            return aot_autograd(**compilers)(gm, example_inputs)
+        return _aot(gm, example_inputs, compilers)
+    finally:
+        values.clear()
 
 
 def _training(inputs: list[Any]) -> bool:

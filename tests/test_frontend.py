@@ -408,3 +408,83 @@ def test_embedding_backward_stays_atens_sorted_op(rows: int, reads: int) -> None
         (emb(idx) * 2.0).tanh().sum().backward()
         # sums of up to 512 terms near 1000: ATen and the kernels round in another order
         torch.testing.assert_close(got, emb.weight.grad, rtol=1e-4, atol=2e-3)
+
+
+def _tensors_in_closures(fn, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors a function's closure holds, directly or in a list, tuple or closure."""
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not yet bound
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        found += [v for v in values if isinstance(v, torch.Tensor)]
+        if depth < 2 and inspect.isfunction(value):
+            found += _tensors_in_closures(value, depth + 1)
+    return found
+
+
+def test_the_compilers_torch_keeps_hold_no_tensor_of_the_first_call(monkeypatch) -> None:
+    """AOTAutograd keeps the compilers it was given for as long as the compiled
+    function lives (torch 2.11 did, through its backward's closures): whatever they
+    close over must not be the first call's tensors (a GPT-2 training step kept the
+    first step's 393 MB of logits, the loss graph's example input, on an H200)."""
+    from rewritec.frontend import backend
+
+    kept = []
+    real = backend._aot
+
+    def capturing(gm, example_inputs, compilers):
+        kept.append(compilers)
+        return real(gm, example_inputs, compilers)
+
+    monkeypatch.setattr(backend, "_aot", capturing)
+    torch.manual_seed(0)
+    model, ref = torch.nn.Linear(16, 96), torch.nn.Linear(16, 96)
+    ref.load_state_dict(model.state_dict())
+
+    def loss_of(m, x, t):
+        logits = m(x) * 1.5
+        torch._dynamo.graph_break()
+        return F.cross_entropy(logits.float(), t)
+
+    compiled = torch.compile(loss_of, backend="rewritec")
+    for _ in range(2):
+        x, t = torch.randn(32, 16), torch.randint(96, (32,))
+        got, want = compiled(model, x, t), loss_of(ref, x, t)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(model.weight.grad, ref.weight.grad)
+    assert len(kept) == 2  # the model's graph and the loss's
+    for compilers in kept:
+        for name, fn in compilers.items():
+            if callable(fn):
+                assert not _tensors_in_closures(fn), name
+
+
+def test_a_frozen_graph_keeps_no_input_of_its_first_call() -> None:
+    """An inference graph with parameters folded in (aten/fold.py: FrozenGuard)
+    compiles its unfrozen version, should a parameter change, for the call that
+    needs it: it keeps no input of the first call (the activations a graph after a
+    graph break takes), and the unfrozen version still equals eager."""
+    import gc
+    import weakref
+
+    from rewritec.aten.fold import FrozenGuard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU()).eval()
+    compiled = torch.compile(model, backend="rewritec", options={"freeze": True})
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        guards = [g for g in gc.get_objects() if not isinstance(g, weakref.ProxyTypes)
+                  and isinstance(g, FrozenGuard)]
+        assert guards
+        for g in guards:
+            assert not _tensors_in_closures(g.make_slow)
+        model[0].weight.data.mul_(2.0)  # the folded weight changes: the unfrozen path
+        y = torch.randn(8, 16)
+        torch.testing.assert_close(compiled(y), model(y))
