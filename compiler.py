@@ -53,7 +53,8 @@ from .engine.ops import default_op_table
 from .engine.pipeline import run_pipeline
 from .passes.layout import relayout_for
 from .runtime.build import cxx
-from .runtime.cudagraphs import CudaGraphRunner, auto_declines, eligible, mutated_inputs
+from .runtime.cudagraphs import (CudaGraphRunner, auto_declines, eligible, fixed_layouts,
+                                 mutated_inputs)
 from .runtime.graph_cache import Artifact
 from .runtime.prepare import Prepared, prepare_kernels
 from .runtime.profile import GraphProfile, timer_for
@@ -264,7 +265,7 @@ def _maybe_cudagraphs(fn: Any, gm: torch.fx.GraphModule, kind: str, params: list
     return CudaGraphRunner(fn, params or [], opts.cudagraphs, log, kind=kind,
                            user_outputs=_user_outputs(kind), pool=pool,
                            mutated=sorted(set(mutated_inputs(gm).values())),
-                           applied=_applied_outputs(kind))
+                           applied=_applied_outputs(kind), fixed=fixed_layouts(gm))
 
 
 def launched(rec: report.GraphRecord, regions: list[Region]

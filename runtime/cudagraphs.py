@@ -158,6 +158,23 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
             and n.args and n.args[0] in places}
 
 
+def fixed_layouts(gm: torch.fx.GraphModule) -> bool:
+    """Does every argument of the graph have one size and one stride, whatever the
+    call (no symbolic size among its placeholders)? TorchDynamo's guards then compile
+    the graph again for another layout, and the runner's entry key is one for all
+    calls (`CudaGraphRunner._key`)."""
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            if not all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+                return False
+        elif not isinstance(val, int | float | bool):
+            return False  # a SymInt, or not known
+    return True
+
+
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -394,6 +411,8 @@ class _Entry:
     slots: list[_Slot]
 
 
+# The entry key of a runner whose graph has fixed layouts
+_ONE_LAYOUT: tuple[Any, ...] = ()
 # Drops cuBLAS's cached workspaces (every stream's); CUDA builds only
 _CLEAR_CUBLAS_WORKSPACES = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
 # Compares the data pointers of tensors at given positions with expected ones, in
@@ -423,8 +442,13 @@ class CudaGraphRunner:
     def __init__(self, fn: Callable[[list[Any]], Any], params: Sequence[bool], mode: str,
                  log: Callable[[str], None] | None = None, *, kind: str = "inference",
                  user_outputs: int | None = None, pool: Pool | None = None,
-                 mutated: Sequence[int] = (), applied: Sequence[int] = ()) -> None:
+                 mutated: Sequence[int] = (), applied: Sequence[int] = (),
+                 fixed: bool = False) -> None:
         self.fn = fn
+        # every call's arguments have the graph's one layout (`fixed_layouts`): the
+        # entry key is one, not each argument's (a backward graph reads hundreds of
+        # saved activations: T5-small's 435, 0.5-1 ms of host time a step)
+        self.fixed = fixed
         self.mutated = frozenset(mutated)  # inputs the graph writes into
         # results among the first `user_outputs` that are new values of the caller's
         # inputs, which AOTAutograd copies into them as soon as the graph returns
@@ -465,6 +489,8 @@ class CudaGraphRunner:
         device of each argument that is not a parameter. A parameter's are
         TorchDynamo's guards' to watch (a change compiles the graph again), and a
         forward graph's arguments are mostly parameters (ResNet-50: 320 of 321)."""
+        if self.fixed:
+            return _ONE_LAYOUT
         keyed = self.keyed
         if keyed is None or len(args) != self.arity:
             keyed = self.keyed = [i for i in range(len(args)) if not self._is_param(i)]

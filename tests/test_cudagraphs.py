@@ -48,6 +48,36 @@ def test_only_pure_inference_graphs_are_eligible() -> None:
     assert eligible(mutating, "inference", aliased_outputs=False) is not None
 
 
+def test_only_graphs_of_fixed_layouts_key_every_call_alike() -> None:
+    """A graph whose placeholders have one size and stride each (TorchDynamo compiles
+    it again for another) keys its entries by nothing: a backward reading hundreds of
+    saved activations built a key of each one's layout at every call. A graph with a
+    symbolic size keys by each argument's layout, as before."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from rewritec.runtime.cudagraphs import fixed_layouts
+
+    def f(x, y):
+        return (x * 2 + y.t(),)
+
+    x, y = torch.randn(4, 8), torch.randn(8, 4)
+    assert fixed_layouts(make_fx(f, tracing_mode="fake")(x, y))
+    assert not fixed_layouts(make_fx(f, tracing_mode="symbolic")(x, y))
+    fixed = RecordingOnCpu(lambda a: f(*a), params=[False, False], mode="on",
+                           kind="forward", user_outputs=1, fixed=True)
+    assert fixed._key([x, y]) == fixed._key([x.t(), y.t()])
+    keyed = RecordingOnCpu(lambda a: f(*a), params=[False, False], mode="on",
+                           kind="forward", user_outputs=1)
+    assert keyed._key([x, y]) != keyed._key([x[:2], y[:, :2]])
+    # and it replays, with its results equal to the function's
+    for _ in range(4):
+        x, y = torch.randn(4, 8), torch.randn(8, 4)
+        (got,) = fixed([x, y])
+        torch.testing.assert_close(got, x * 2 + y.t())
+        del got
+    assert fixed.replays == 3 and fixed.plain == 0
+
+
 def test_option_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Options.make().cudagraphs == "auto"
     monkeypatch.setenv("REWRITEC_CUDAGRAPHS", "off")
