@@ -1,0 +1,128 @@
+"""log1p, expm1 and sign inside kernels (rules/ops.yaml), and ELU / SELU / CELU written
+out with expm1 (rules/decompose/activations.yaml): each ran through ATen, outside the
+kernels, in softplus, log-sigmoid and BCE losses, L1 losses and every abs's gradient,
+and ELU-family activations. Differential against eager on both targets, with the values
+where the plain forms lose every digit (|x| near 0) and nan, infinities, signed zeros."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rewritec
+from rewritec import report
+from rewritec.runtime.build import cxx
+
+TARGETS = [
+    pytest.param("triton", id="triton"),
+    pytest.param("openmp", id="openmp",
+                 marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
+]
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-10, -1e-10, 1e-6, -1e-6,
+           -1.0, -2.0, 1e-30, 3.0, -3.0, 100.0, -100.0, 0.5, -0.5]
+FUNCS = {
+    "log1p": (lambda x: torch.log1p(x) * 2.0, "log1p"),
+    "expm1": (lambda x: torch.expm1(x) + 0.0, "expm1"),
+    "sign": (lambda x: torch.sign(x) * 3.0, "sign"),
+    "softplus": (lambda x: F.softplus(x) * 1.0, "log1p"),
+    "elu": (lambda x: F.elu(x) * 1.0, "elu"),
+    "selu": (lambda x: F.selu(x) * 1.0, "elu"),
+    "celu": (lambda x: F.celu(x, alpha=0.7) * 1.0, "expm1"),
+}
+
+
+def _device(target: str) -> str:
+    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def _values(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(*shape) * 3.0
+    x.view(-1)[: len(SPECIAL)] = torch.tensor(SPECIAL)
+    return x.to(dtype)
+
+
+def _outside(op: str) -> list[dict]:
+    return [dict(r.fallback_ops) for r in report.RECORDS if op in r.fallback_ops]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(FUNCS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=str)
+def test_in_kernels_equal_eager_on_special_values(target: str, name: str,
+                                                  dtype: torch.dtype) -> None:
+    if target == "openmp" and dtype in (torch.bfloat16, torch.float16):
+        pytest.skip("the OpenMP target computes f32 and f64 only")
+    fn, op = FUNCS[name]
+    x = _values((6, 37), dtype).to(_device(target))
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(x)
+    want = fn(x)
+    half = dtype in (torch.bfloat16, torch.float16)
+    # near 0 the corrected forms are exact to a few ulps, where log(1 + x) gives 0
+    tol = {"rtol": 2e-2, "atol": 2e-2} if half else {"rtol": 1e-5, "atol": 1e-30}
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+    zeros = want == 0
+    assert torch.equal(torch.signbit(got[zeros]), torch.signbit(want[zeros]))
+    assert [k for r in report.RECORDS for k in r.kernels]
+    assert not _outside(op), _outside(op)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(5, 17), (3, 4, 9)])
+@pytest.mark.parametrize("name", ["l1", "softplus", "logsigmoid", "bce_logits", "elu", "selu",
+                                  "celu", "abs_pow"])
+def test_gradients_equal_eager(target: str, shape: tuple, name: str) -> None:
+    losses = {
+        "l1": lambda y, t: F.l1_loss(y, t),
+        "softplus": lambda y, t: F.softplus(y).mean(),
+        "logsigmoid": lambda y, t: F.logsigmoid(y).mean(),
+        "bce_logits": lambda y, t: F.binary_cross_entropy_with_logits(y, t.sigmoid()),
+        "elu": lambda y, t: (F.elu(y) * t).mean(),
+        "selu": lambda y, t: (F.selu(y) * t).mean(),
+        "celu": lambda y, t: (F.celu(y, alpha=0.7) * t).mean(),
+        "abs_pow": lambda y, t: (y.abs() * t).sum(),
+    }
+    fn = losses[name]
+    torch.manual_seed(0)
+    dev = _device(target)
+    x, t = (torch.randn(*shape) * 3.0).to(dev), torch.randn(*shape).to(dev)
+    x = x.transpose(0, -1) if len(shape) == 2 else x
+    t = t.transpose(0, -1) if len(shape) == 2 else t
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(xc, t)
+    want = fn(xe, t)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(xc.grad, xe.grad)
+    for op in ("log1p", "expm1", "sign", "elu"):
+        assert not _outside(op), _outside(op)
+
+
+def test_an_elu_block_trains_in_kernels_under_autocast() -> None:
+    """Linear + ELU + Linear under bf16 autocast: losses and gradients equal eager's,
+    with the ELU (forward and backward) inside kernels."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.ELU(), torch.nn.Linear(48, 24))
+    ref = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.ELU(), torch.nn.Linear(48, 24))
+    ref.load_state_dict(model.state_dict())
+    report.reset()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="rewritec", options={"strict": True})
+    x = torch.randn(4, 10, 24)
+    losses = []
+    for m in (compiled, ref):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(x).float().pow(2).mean()
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=2e-2)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=3e-2, atol=3e-2)
+    assert sum(r.rules_fired.get("elu-half", 0) for r in report.RECORDS) == 1
+    assert not _outside("elu") and not _outside("expm1")
