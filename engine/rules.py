@@ -85,6 +85,8 @@ ATTR_FUNCS: dict[str, Any] = {
     "channel_reduce_dims": lambda t: (0, *range(2, t.meta.rank)),
     # how many values each channel (dim 1) of an activation like t holds: numel / size(1)
     "channel_count": lambda t: _channel_count(t),
+    # how many values of t a reduction over dims ds (None: all) reads for each result
+    "reduced_count": lambda t, ds: _reduced_count(t, ds),
 }
 
 
@@ -117,6 +119,19 @@ def _channel_count(t: Any) -> int:
     if len(shape) < 2 or not all(isinstance(s, int) for s in shape) or shape[1] == 0:
         raise TypeError("channel_count: the sizes are not known")
     return math.prod(shape) // shape[1]
+
+
+def _reduced_count(t: Any, ds: Any) -> int:
+    """The product of t's sizes over dims ds (every dim for None or no dims, as the
+    reductions read them), for known sizes only: a symbolic one raises, so the
+    replacement is refused and the op stays as it was."""
+    shape = t.meta.shape
+    dims = range(len(shape)) if ds is None or (isinstance(ds, tuple | list) and not ds) \
+        else ((ds,) if isinstance(ds, int) else ds)
+    sizes = [shape[d] for d in dims]
+    if not all(isinstance(s, int) for s in sizes):
+        raise TypeError("reduced_count: the sizes are not known")
+    return math.prod(sizes)
 
 
 def _unsqueezed(shape: tuple[Any, ...], d: int) -> tuple[Any, ...]:
