@@ -319,3 +319,55 @@ def check_function(fn: Callable[..., Any], make_inputs: Callable[[], list[Any]],
                 assert le.grad is not None and lc.grad is not None, f"leaf {i} got no grad"
                 torch.testing.assert_close(lc.grad, le.grad, **tols,
                                            msg=lambda m, i=i: f"grad of leaf {i}: {m}")
+
+
+# ------------------------------------------------------- one op on both kernel targets
+def target_params() -> list[Any]:
+    """The two kernel targets as pytest parameters: Triton (on a GPU, or under the
+    interpreter) and OpenMP (where a C++ compiler is)."""
+    import pytest
+    from rewritec.runtime.build import cxx
+
+    return [pytest.param("triton", id="triton"),
+            pytest.param("openmp", id="openmp",
+                         marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler"))]
+
+
+def target_device(target: str) -> str:
+    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def check_grad(fn: Callable[..., torch.Tensor], x: torch.Tensor, target: str,
+               *others: torch.Tensor, **tols: float) -> None:
+    """`fn(x, *others)` compiled strictly for `target` against eager: its value and the
+    gradient of x (under a random cotangent where the value is not a scalar)."""
+    xc, xe = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(xc, *others)
+    want = fn(xe, *others)
+    cotangent = torch.randn_like(want) if want.dim() else None
+    got.backward(cotangent)
+    want.backward(cotangent)
+    torch.testing.assert_close(got, want, **tols)
+    torch.testing.assert_close(xc.grad, xe.grad, **tols)
+
+
+def check_block_under_autocast(make: Callable[[], nn.Module], x: torch.Tensor) -> None:
+    """A block built twice with one set of weights: a training step of each under CPU
+    bf16 autocast, through torch.compile(backend="rewritec", strict) and eagerly;
+    losses and gradients equal within bf16's rounding. `report` keeps the records."""
+    torch.manual_seed(0)
+    model, ref = make(), make()
+    ref.load_state_dict(model.state_dict())
+    report.reset()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="rewritec", options={"strict": True})
+    losses = []
+    for m in (compiled, ref):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(x).float().pow(2).mean()
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=2e-2)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=3e-2, atol=3e-2)

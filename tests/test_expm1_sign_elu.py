@@ -9,16 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from models import check_block_under_autocast, check_grad, rules_fired, target_device, \
+    target_params
 
 import rewritec
 from rewritec import report
-from rewritec.runtime.build import cxx
 
-TARGETS = [
-    pytest.param("triton", id="triton"),
-    pytest.param("openmp", id="openmp",
-                 marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
-]
+TARGETS = target_params()
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-10, -1e-10, 1e-6, -1e-6,
            -1.0, -2.0, 1e-30, 3.0, -3.0, 100.0, -100.0, 0.5, -0.5]
 FUNCS = {
@@ -28,10 +25,6 @@ FUNCS = {
     "selu": (lambda x: F.selu(x) * 1.0, "elu"),
     "celu": (lambda x: F.celu(x, alpha=0.7) * 1.0, "expm1"),
 }
-
-
-def _device(target: str) -> str:
-    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
 
 
 def _values(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -53,7 +46,7 @@ def test_in_kernels_equal_eager_on_special_values(target: str, name: str,
     if target == "openmp" and dtype in (torch.bfloat16, torch.float16):
         pytest.skip("the OpenMP target computes f32 and f64 only")
     fn, op = FUNCS[name]
-    x = _values((6, 37), dtype).to(_device(target))
+    x = _values((6, 37), dtype).to(target_device(target))
     report.reset()
     torch._dynamo.reset()
     got = rewritec.compile(fn, target=target, strict=True)(x)
@@ -82,21 +75,13 @@ def test_gradients_equal_eager(target: str, shape: tuple, name: str) -> None:
         "celu": lambda y, t: (F.celu(y, alpha=0.7) * t).mean(),
         "abs_pow": lambda y, t: (y.abs() * t).sum(),
     }
-    fn = losses[name]
     torch.manual_seed(0)
-    dev = _device(target)
+    dev = target_device(target)
     x, t = (torch.randn(*shape) * 3.0).to(dev), torch.randn(*shape).to(dev)
     x = x.transpose(0, -1) if len(shape) == 2 else x
     t = t.transpose(0, -1) if len(shape) == 2 else t
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
     report.reset()
-    torch._dynamo.reset()
-    got = rewritec.compile(fn, target=target, strict=True)(xc, t)
-    want = fn(xe, t)
-    got.backward()
-    want.backward()
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(xc.grad, xe.grad)
+    check_grad(losses[name], x, target, t)
     for op in ("expm1", "sign", "elu"):
         assert not _outside(op), _outside(op)
 
@@ -104,22 +89,9 @@ def test_gradients_equal_eager(target: str, shape: tuple, name: str) -> None:
 def test_an_elu_block_trains_in_kernels_under_autocast() -> None:
     """Linear + ELU + Linear under bf16 autocast: losses and gradients equal eager's,
     with the ELU (forward and backward) inside kernels."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.ELU(), torch.nn.Linear(48, 24))
-    ref = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.ELU(), torch.nn.Linear(48, 24))
-    ref.load_state_dict(model.state_dict())
-    report.reset()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="rewritec", options={"strict": True})
-    x = torch.randn(4, 10, 24)
-    losses = []
-    for m in (compiled, ref):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = m(x).float().pow(2).mean()
-        loss.backward()
-        losses.append(loss)
-    torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=2e-2)
-    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=3e-2, atol=3e-2)
-    assert sum(r.rules_fired.get("elu-half", 0) for r in report.RECORDS) == 1
+    check_block_under_autocast(
+        lambda: torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.ELU(),
+                                    torch.nn.Linear(48, 24)),
+        torch.randn(4, 10, 24))
+    assert rules_fired()["elu-half"] == 1
     assert not _outside("elu") and not _outside("expm1")

@@ -11,19 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models import check_grad, target_device, target_params
+
 import rewritec
 from rewritec import report
-from rewritec.runtime.build import cxx
 
-TARGETS = [
-    pytest.param("triton", id="triton"),
-    pytest.param("openmp", id="openmp",
-                 marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
-]
-
-
-def _device(target: str) -> str:
-    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
+TARGETS = target_params()
 
 
 def mixed(i: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -39,7 +32,7 @@ def test_mixed_integer_float_arithmetic_in_kernels_equals_eager(
     if target == "openmp" and fdtype == torch.bfloat16:
         pytest.skip("the OpenMP target computes f32 and f64 only")
     torch.manual_seed(0)
-    dev = _device(target)
+    dev = target_device(target)
     i = torch.randint(-50, 50, (6, 37), dtype=idtype, device=dev)
     y = (torch.randn(6, 37) * 4.0).to(fdtype).to(dev)
     report.reset()
@@ -57,17 +50,9 @@ def test_mixed_integer_float_arithmetic_in_kernels_equals_eager(
 @pytest.mark.parametrize("target", TARGETS)
 def test_log_sigmoid_gradient_runs_in_kernels(target: str) -> None:
     torch.manual_seed(0)
-    x = (torch.randn(5, 17) * 4.0).to(_device(target))
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-    fn = lambda t: (F.logsigmoid(t) * 1.5).sum()  # noqa: E731
     report.reset()
-    torch._dynamo.reset()
-    got = rewritec.compile(fn, target=target, strict=True)(xc)
-    want = fn(xe)
-    got.backward()
-    want.backward()
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(xc.grad, xe.grad)
+    check_grad(lambda t: (F.logsigmoid(t) * 1.5).sum(),
+               (torch.randn(5, 17) * 4.0).to(target_device(target)), target)
     (backward,) = [r for r in report.RECORDS if r.kind == "backward"]
     assert not {"mul", "sub"} & set(backward.fallback_ops), backward.fallback_ops
 

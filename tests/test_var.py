@@ -8,15 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models import check_grad, target_device, target_params
+
 import rewritec
 from rewritec import report
-from rewritec.runtime.build import cxx
 
-TARGETS = [
-    pytest.param("triton", id="triton"),
-    pytest.param("openmp", id="openmp",
-                 marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
-]
+TARGETS = target_params()
 CASES = {
     "rows": lambda x: torch.var(x, dim=-1) * 2.0,
     "keepdim": lambda x: x - torch.var(x, dim=1, keepdim=True),
@@ -25,10 +22,6 @@ CASES = {
     "std": lambda x: torch.std(x, dim=-1, keepdim=True) * x,
     "two_dims": lambda x: torch.var(x, dim=(0, -1), correction=2) * 1.0,
 }
-
-
-def _device(target: str) -> str:
-    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -40,7 +33,7 @@ def test_var_in_kernels_equals_eager(target: str, case: str, dtype: torch.dtype,
     if target == "openmp" and dtype == torch.bfloat16:
         pytest.skip("the OpenMP target computes f32 and f64 only")
     torch.manual_seed(0)
-    x = (torch.randn(6, 37) * 3.0 + 5.0).to(dtype).to(_device(target))
+    x = (torch.randn(6, 37) * 3.0 + 5.0).to(dtype).to(target_device(target))
     x = x.t() if transposed else x
     fn = CASES[case]
     report.reset()
@@ -59,19 +52,11 @@ def test_var_in_kernels_equals_eager(target: str, case: str, dtype: torch.dtype,
 @pytest.mark.parametrize("shape", [(5, 17), (3, 4, 9)])
 def test_std_gradients_equal_eager(target: str, shape: tuple) -> None:
     torch.manual_seed(0)
-    x = torch.randn(*shape).to(_device(target))
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
 
     def fn(t: torch.Tensor) -> torch.Tensor:
         return ((t - t.mean(-1, keepdim=True)) / torch.std(t, dim=-1, keepdim=True)).pow(2).sum()
 
-    torch._dynamo.reset()
-    got = rewritec.compile(fn, target=target, strict=True)(xc)
-    want = fn(xe)
-    got.backward()
-    want.backward()
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(xc.grad, xe.grad)
+    check_grad(fn, torch.randn(*shape).to(target_device(target)), target)
 
 
 def test_var_of_one_value_is_nan_as_aten_gives() -> None:

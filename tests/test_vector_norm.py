@@ -10,15 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models import check_grad, rules_fired, target_device, target_params
+
 import rewritec
 from rewritec import report
-from rewritec.runtime.build import cxx
 
-TARGETS = [
-    pytest.param("triton", id="triton"),
-    pytest.param("openmp", id="openmp",
-                 marks=pytest.mark.skipif(cxx() is None, reason="no C++ compiler")),
-]
+TARGETS = target_params()
 CASES = {
     "normalize_rows": (lambda x: F.normalize(x, dim=-1) * 2.0, "vector-norm-2"),
     "normalize_cols": (lambda x: F.normalize(x, dim=0) + 1.0, "vector-norm-2"),
@@ -27,14 +24,6 @@ CASES = {
                    "vector-norm-1"),
     "l3_stays": (lambda x: torch.linalg.vector_norm(x, ord=3, dim=1) * 1.0, None),
 }
-
-
-def _device(target: str) -> str:
-    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
-
-
-def _fired(name: str) -> int:
-    return sum(r.rules_fired.get(name, 0) for r in report.RECORDS)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -46,7 +35,7 @@ def test_norms_in_kernels_equal_eager(target: str, case: str, dtype: torch.dtype
     if target == "openmp" and dtype == torch.bfloat16:
         pytest.skip("the OpenMP target computes f32 and f64 only")
     torch.manual_seed(0)
-    x = (torch.randn(6, 37) * 3.0).to(dtype).to(_device(target))
+    x = (torch.randn(6, 37) * 3.0).to(dtype).to(target_device(target))
     x[2] = 0.0  # a zero row: F.normalize divides by its clamped norm
     x = x.t() if transposed else x
     fn, rule = CASES[case]
@@ -60,7 +49,7 @@ def test_norms_in_kernels_equal_eager(target: str, case: str, dtype: torch.dtype
         assert any("linalg_vector_norm" in r.fallback_ops for r in report.RECORDS)
         return
     half = dtype == torch.bfloat16
-    assert _fired(rule) == 1 and _fired("vector-norm-half") == int(half)
+    assert rules_fired()[rule] == 1 and rules_fired()["vector-norm-half"] == int(half)
     assert not [r.fallback_ops for r in report.RECORDS if "linalg_vector_norm" in r.fallback_ops]
 
 
@@ -68,7 +57,7 @@ def test_norms_in_kernels_equal_eager(target: str, case: str, dtype: torch.dtype
 def test_norms_of_nan_and_infinities_equal_eager(target: str) -> None:
     x = torch.randn(4, 9)
     x[0, 0], x[1, 3], x[2, 5] = float("nan"), float("inf"), float("-inf")
-    x = x.to(_device(target))
+    x = x.to(target_device(target))
     def fn(t: torch.Tensor) -> torch.Tensor:
         return torch.linalg.vector_norm(t, dim=1) + torch.linalg.vector_norm(t, ord=1, dim=1)
 
@@ -81,14 +70,6 @@ def test_norms_of_nan_and_infinities_equal_eager(target: str) -> None:
 @pytest.mark.parametrize("shape", [(5, 17), (3, 4, 9)])
 def test_normalize_gradients_equal_eager(target: str, shape: tuple) -> None:
     torch.manual_seed(0)
-    x = torch.randn(*shape).to(_device(target))
-    w = torch.randn(*shape).to(_device(target))
-    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-    fn = lambda t: (F.normalize(t, dim=-1) * w).sum()  # noqa: E731
-    torch._dynamo.reset()
-    got = rewritec.compile(fn, target=target, strict=True)(xc)
-    want = fn(xe)
-    got.backward()
-    want.backward()
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(xc.grad, xe.grad)
+    x = torch.randn(*shape).to(target_device(target))
+    w = torch.randn(*shape).to(target_device(target))
+    check_grad(lambda t, w: (F.normalize(t, dim=-1) * w).sum(), x, target, w)
