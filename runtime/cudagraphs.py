@@ -526,9 +526,7 @@ class CudaGraphRunner:
             # this forward was recorded) while this graph's results, which it reads,
             # are memory the allocator counts as free: recorded again now, this
             # graph hands out the allocator's tensors, and that recording can follow.
-            self.rerecords += 1
-            entry.slots.remove(slot)
-            self._retire([slot])
+            self._record_again(entry, slot)
             slot = None
         if slot is None:
             if len(entry.slots) >= self.slots and not self._copy_held(entry, args) \
@@ -562,9 +560,7 @@ class CudaGraphRunner:
             if slot.free() and not slot.takes(args) and not any(
                     args[i].data_ptr() != slot.reads[i] and _storage(args[i]) not in
                     _GRAPH_OUTPUTS for i in slot.produced):
-                self.rerecords += 1
-                entry.slots.remove(slot)
-                self._retire([slot])
+                self._record_again(entry, slot)
                 return True
         return False
 
@@ -600,9 +596,7 @@ class CudaGraphRunner:
             if own and self.rerecords < RERECORDS and all(
                     slot.positions[j] in slot.copies & slot.user for j in own) \
                     and slot.unexposed(args) and (self.pool is None or self.pool.clear_after(slot)):
-                self.rerecords += 1
-                entry.slots.remove(slot)
-                self._retire([slot])
+                self._record_again(entry, slot)
                 retired = True
         return retired
 
@@ -625,6 +619,12 @@ class CudaGraphRunner:
                     other.held_once |= new  # its runner's: a new recording copies them
                     self.log(f"{self.recorded}; result(s) {sorted(new)} of a later graph "
                              "held when this one replays: handed out as copies from now on")
+
+    def _record_again(self, entry: _Entry, slot: _Slot) -> None:
+        """Retire `slot` so that this call records its graph again (one of RERECORDS)."""
+        self.rerecords += 1
+        entry.slots.remove(slot)
+        self._retire([slot])
 
     def _retire(self, slots: list[_Slot]) -> None:
         if self.pool is not None:
