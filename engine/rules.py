@@ -126,8 +126,7 @@ def _reduced_count(t: Any, ds: Any) -> int:
     reductions read them), for known sizes only: a symbolic one raises, so the
     replacement is refused and the op stays as it was."""
     shape = t.meta.shape
-    dims = range(len(shape)) if ds is None or (isinstance(ds, tuple | list) and not ds) \
-        else ((ds,) if isinstance(ds, int) else ds)
+    dims = (ds,) if isinstance(ds, int) else ds or range(len(shape))
     sizes = [shape[d] for d in dims]
     if not all(isinstance(s, int) for s in sizes):
         raise TypeError("reduced_count: the sizes are not known")
