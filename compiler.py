@@ -287,11 +287,10 @@ def _aot_context() -> Any:
     return TracingContext.try_get()
 
 
-def _saved_outputs(kind: str, gm: torch.fx.GraphModule, count: int | None = None
-                   ) -> frozenset[int]:
+def _saved_positions(kind: str, gm: torch.fx.GraphModule, count: int | None = None
+                     ) -> frozenset[int]:
     """The positions of a training forward graph's results that only its backward
-    reads (AOTAutograd's saved tensors): the layout phase may leave those in the
-    layout they were made in (passes/layout.py). Empty for other graphs, for a graph
+    reads (AOTAutograd's saved tensors). Empty for other graphs, for a graph
     compiled in regions, or when AOTAutograd does not say. `count`: how many of the
     graph's results AOTAutograd sees (the rest are input updates)."""
     if kind != "forward" or has_regions(gm):
@@ -304,12 +303,19 @@ def _saved_outputs(kind: str, gm: torch.fx.GraphModule, count: int | None = None
         count = len(results) if isinstance(results, tuple | list) else 1
     try:
         saved = meta.tensors_saved_for_backwards_slice  # type: ignore[union-attr]
-        positions = range(*saved.indices(count))
-    except Exception:  # noqa: BLE001 - another torch, or no metadata: keep every layout
+        return frozenset(range(*saved.indices(count)))
+    except Exception:  # noqa: BLE001 - another torch, or no metadata: none known
         return frozenset()
-    if getattr(ctx, "output_strides", None) is None:
+
+
+def _saved_outputs(kind: str, gm: torch.fx.GraphModule, count: int | None = None
+                   ) -> frozenset[int]:
+    """The saved tensors (`_saved_positions`) the layout phase may leave in the
+    layout they were made in (passes/layout.py): only where AOTAutograd is told
+    their strides."""
+    if getattr(_aot_context(), "output_strides", None) is None:
         return frozenset()  # no one to tell the strides to: eager's layouts it is
-    return frozenset(positions)
+    return _saved_positions(kind, gm, count)
 
 
 def _report_output_strides(kind: str, strides: list[tuple[int, ...] | None] | None) -> None:
@@ -396,15 +402,22 @@ def _input_alias(t: Any) -> bool:
     return base is not None and base.op == "input"
 
 
-def _outputs_to_clone(graph: Graph, bases: tuple[Any, ...],
-                      aliased_before: list[bool]) -> set[int]:
+def _outputs_to_clone(graph: Graph, bases: tuple[Any, ...], aliased_before: list[bool],
+                      saved: frozenset[int] = frozenset()) -> set[int]:
     """Output positions whose tensor eager returned fresh but the wrapper would
     share: an output a rewrite turned into (a view of) an input (x * 1 -> x), a
     folded constant (or a view of one), and
     an output using the same memory as an earlier one where eager's did not
     (hash-consing merged two equal computations; eager gave two tensors, which
     autograd and in-place updates tell apart). `bases` holds, per output, the
-    FX node whose memory eager's output uses."""
+    FX node whose memory eager's output uses.
+
+    Saved tensors (`saved`: positions only the backward graph reads) may share
+    memory with each other and with folded constants: nobody updates them in place
+    or tells them apart, and a copy costs a launch and its memory until the
+    backward. Under autocast, eager casts a normalized activation once per linear
+    layer reading it (q, k and v: three saved bf16 copies of one value), and a
+    causal mask folded to a constant is saved once per attention layer."""
     clones: set[int] = set()
     first: dict[Any, int] = {}
     for i, o in enumerate(graph.outputs):
@@ -416,11 +429,13 @@ def _outputs_to_clone(graph: Graph, bases: tuple[Any, ...],
             continue
         if _base(o).op == "tensor":
             # A folded constant lives across calls: hand out a copy, or the caller
-            # could change it for every later call.
-            clones.add(i)
+            # could change it for every later call (the backward only reads it).
+            if i not in saved:
+                clones.add(i)
             continue
         j = first.setdefault(_base(o), i)
-        if j != i and (i >= len(bases) or bases[i] is not bases[j]):
+        if j != i and (i >= len(bases) or bases[i] is not bases[j]) \
+                and not (i in saved and j in saved):
             clones.add(i)
     return clones
 
@@ -515,7 +530,11 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
             tuple(o.meta.strides) if o is not None and o.meta.kind == "tensor"
             and all(isinstance(x, int) for x in o.meta.strides) else None
             for o in graph.outputs[:parts.get("results")]]
-    clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before)
+    # (not yet under CUDA-graph replay: a slot whose results share memory at two
+    # positions is found held at every later call on an H200, so it runs plainly)
+    shared = frozenset() if opts.cudagraphs == "on" else \
+        _saved_positions(rec.kind, captured, parts.get("results"))
+    clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before, shared)
     prepared = _prepare(graph, conv.store, opts, name, rec, bridge, parts)
     launchers: dict[Any, Any] = {}
     if prepared is not None:
