@@ -152,17 +152,21 @@ class DisowningOnCpu(_OnCpu):
         self._first = list(inputs)  # what the replay right after the recording reads
         outputs = self.fn(inputs)
         places, handed = [], []
+        made = {}  # results sharing a storage share the pool's memory, as on a GPU
         for o in outputs:
             if not isinstance(o, torch.Tensor) or o.untyped_storage().data_ptr() in theirs:
                 places.append(None)
                 handed.append(o)
                 continue
-            memory = torch.empty(o.untyped_storage().nbytes(), dtype=torch.uint8)
-            self.memory = [*getattr(self, "memory", []), memory]
+            key = o.untyped_storage().data_ptr()
+            if key not in made:
+                memory = torch.empty(o.untyped_storage().nbytes(), dtype=torch.uint8)
+                self.memory = [*getattr(self, "memory", []), memory]
+                made[key] = memory, torch._C._construct_storage_from_data_pointer(
+                    memory.data_ptr(), o.device, memory.numel())
+            memory, view = made[key]
             place = torch.empty(0, dtype=o.dtype).set_(
                 memory.untyped_storage(), o.storage_offset(), o.size(), o.stride())
-            view = torch._C._construct_storage_from_data_pointer(
-                memory.data_ptr(), o.device, memory.numel())
             places.append(place)
             handed.append(torch.empty(0, dtype=o.dtype).set_(
                 view, o.storage_offset(), o.size(), o.stride()))
