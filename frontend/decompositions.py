@@ -187,8 +187,9 @@ def _nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: to
         grad_output = grad_output / total_weight
     valid = target != ignore_index
     safe_target = torch.where(valid, target, 0)
-    grad_input = torch.where(_column_hits(self, safe_target), -1.0, 0.0).to(self.dtype)
     if grad_output.dim() > 0:
         grad_output = grad_output.unsqueeze(1)
     grad_output = torch.where(valid.unsqueeze(1), grad_output, 0)
-    return grad_input * grad_output
+    # -grad at the target, 0 elsewhere, as ATen's scatter into zeros: an inf or nan
+    # gradient stays at the target (-1 * grad would spread it over the row as 0 * nan)
+    return torch.where(_column_hits(self, safe_target), -grad_output, 0).to(self.dtype)

@@ -167,3 +167,20 @@ def test_cuda_language_model_loss(shape) -> None:
                      target, 1e-2)
     for r in records:
         assert not {"gather", "scatter", "eq"} & set(r.fallback_ops), r.fallback_ops
+
+
+def test_an_inf_or_nan_gradient_stays_at_the_target() -> None:
+    """ATen scatters -grad into zeros: an inf or nan incoming gradient reaches the
+    target's logit only, not every logit of its row through 0 * nan."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 9)
+    target = torch.tensor([1, 8, 0, 3])
+    mine = logits.clone().requires_grad_()
+    ref = logits.clone().requires_grad_()
+    torch._dynamo.reset()
+    fn = lambda x, t: F.nll_loss(x, t, reduction="none")  # noqa: E731 - on log-probabilities
+    cot = torch.tensor([1.0, float("nan"), float("inf"), -2.0])
+    (g,) = torch.autograd.grad(torch.compile(fn, backend="rewritec",
+                                             options={"strict": True})(mine, target), [mine], cot)
+    (r,) = torch.autograd.grad(fn(ref, target), [ref], cot)
+    torch.testing.assert_close(g, r, equal_nan=True)
