@@ -4,7 +4,11 @@ bf16 GELU output into nn.LayerNorm), trained through rewritec against eager.
 Eager's layer_norm returns its mean and rstd in f32 for such mixed dtypes, and its
 backward requires them so; the traced graph (FakeTensor's shapes and dtypes) gives
 them in the input's dtype, so the compiled forward saved them in bf16 and ATen's
-backward refused them ("expected scalar type Float but found BFloat16")."""
+backward refused them ("expected scalar type Float but found BFloat16").
+
+The forward's normalized output is rules/decompose/norms.yaml's layer-norm-half
+(f32 weights allowed: ATen's mixed-type layer norm computes in f32 and rounds once),
+so no native_layer_norm runs in ATen."""
 
 from __future__ import annotations
 
@@ -12,6 +16,10 @@ import pytest
 import torch
 
 import rewritec  # noqa: F401 - registers the backend
+from models import kernel_targets, outside_ops
+from rewritec import report
+
+DEVICE, TARGETS = kernel_targets()
 
 
 class Block(torch.nn.Module):
@@ -44,6 +52,7 @@ def test_training_a_layer_norm_on_a_half_input_matches_eager(autocast: bool, sha
         for m in (model, ref):
             m.fc.to(torch.bfloat16)
     torch._dynamo.reset()
+    report.reset()
     compiled = torch.compile(model, backend="rewritec")
     for _ in range(2):
         x = torch.randn(*shape).to(torch.float32 if autocast else torch.bfloat16)
@@ -54,3 +63,24 @@ def test_training_a_layer_norm_on_a_half_input_matches_eager(autocast: bool, sha
         for g, r in zip(grads, ref_grads, strict=True):
             assert g.dtype == r.dtype
             torch.testing.assert_close(g, r, rtol=3e-2, atol=3e-2)
+    assert "native_layer_norm" not in outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("affine", ["weight-and-bias", "weight-only"])
+def test_f32_weights_under_a_half_input_run_in_kernels(target, dtype, affine) -> None:
+    """A half model whose norms keep f32 weights: ATen's mixed-type layer norm."""
+    if target == "openmp" and dtype == torch.float16:
+        pytest.skip("f16 arithmetic stays ATen's on the CPU (tests/test_cpu_halves.py)")
+    torch.manual_seed(1)
+    ln = torch.nn.LayerNorm(48, bias=affine == "weight-and-bias").to(DEVICE)
+    torch.nn.init.normal_(ln.weight)
+    x = torch.randn(5, 7, 48, device=DEVICE).to(dtype)
+    report.reset()
+    torch._dynamo.reset()
+    got = torch.compile(ln, backend="rewritec", options={"target": target, "strict": True})(x)
+    want = ln(x)
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert "native_layer_norm" not in outside_ops() and "layer_norm" not in outside_ops()
