@@ -86,6 +86,16 @@ def _same_layout(a: Term, b: Term) -> bool:
         and all(isinstance(v, int) for v in (*sizes, *strides))
 
 
+def _same_off(a: Term, b: Term, d: Any) -> bool:
+    """The same rank and the same sizes along every dim but `d` (a gather's index and
+    its input: rules/decompose/gathers.yaml)."""
+    sa, sb = tuple(a.meta.shape), tuple(b.meta.shape)
+    if len(sa) != len(sb) or not isinstance(d, int) or not -len(sa) <= d < len(sa):
+        return False
+    d %= len(sa)
+    return all(x == y for k, (x, y) in enumerate(zip(sa, sb, strict=True)) if k != d)
+
+
 def _reduces_innermost(t: Term) -> bool:
     """`t` reduces along its input's innermost dim in memory (by strides where they
     are known, else the last dim of size other than 1). A row kernel reads such a
@@ -135,6 +145,8 @@ def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
         "identity_perm": lambda p: tuple(d % len(p) for d in p) == tuple(range(len(p))),
         "widens": lambda a, b: (a, b) in EXACT_WIDENING,
         "same_shape": lambda a, b: tuple(_tensor(a).meta.shape) == tuple(_tensor(b).meta.shape),
+        # the same rank and sizes off dim d
+        "same_off": lambda a, b, d: _same_off(_tensor(a), _tensor(b), d),
         # the same sizes and strides: one may stand for the other wherever layout counts
         "same_layout": lambda a, b: _same_layout(_tensor(a), _tensor(b)),
         "len": len,
@@ -243,7 +255,8 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], str]] = {
     "nonneg": (("term",), "bool"), "contiguous": (("term",), "bool"),
     "reduces_innermost": (("term",), "bool"), "keeps_layout": (("term", "any"), "bool"),
     "identity_perm": (("tuple",), "bool"), "widens": (("str", "str"), "bool"),
-    "same_shape": (("term", "term"), "bool"), "len": (("sized",), "int"),
+    "same_shape": (("term", "term"), "bool"), "same_off": (("term", "term", "int"), "bool"),
+    "len": (("sized",), "int"),
     "same_layout": (("term", "term"), "bool"),
     "abs": (("number",), "any"),
 }

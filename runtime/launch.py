@@ -34,9 +34,11 @@ class KernelFallback(UserWarning):
     """A fused group runs through ATen because its kernel could not be built."""
 
 
-class OutOfRange(IndexError):  # noqa: N818 - eager's error, raised as eager raises it
+class OutOfRange(IndexError, RuntimeError):  # noqa: N818 - eager's error, as eager raises it
     """A take's index outside its table (check_bounds): the caller's error, raised to
-    the caller, as eager raises it; not a failed launch."""
+    the caller, as eager raises it; not a failed launch. An IndexError, as eager's
+    embedding raises, and a RuntimeError, as eager's gather does (a take is either:
+    rules/decompose/gathers.yaml)."""
 
 
 class NoLaunch(Exception):  # noqa: N818 - a condition a launch meets, not a failure

@@ -292,3 +292,52 @@ def test_a_norm_reads_its_rows_straight_from_the_tables(target, dtype, width) ->
         bad[2, 6] = 40
         with pytest.raises(IndexError):
             compiled(bad)
+
+
+# --------------------------------------------------------------------------- gather
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("case", [((1, 128), (1, 32), 1), ((6, 5), (9, 5), 0),
+                                  ((2, 3, 7), (2, 3, 4), -1), ((4, 6, 5), (4, 2, 5), 1)],
+                         ids=str)
+def test_a_gather_is_a_take_inside_a_kernel(target, dtype, case) -> None:
+    """torch.gather with an index of the input's sizes off `dim` (BERT's token-type
+    buffer read at the positions): rules/decompose/gathers.yaml, gather-as-take."""
+    x_shape, i_shape, dim = case
+    torch.manual_seed(len(x_shape))
+    x = (torch.randn(x_shape, device=DEVICE) * 10).to(dtype)
+    index = torch.randint(0, x_shape[dim], i_shape, device=DEVICE)
+
+    def fn(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return torch.gather(x * 2, dim, index) + 1
+
+    report.reset()
+    compiled = _compiled(fn, target)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, index), fn(x, index))
+    assert rules_fired()["gather-as-take"] == 1
+    assert "gather" not in outside_ops()
+
+
+def test_a_gather_of_a_smaller_index_stays_atens() -> None:
+    # gather allows an index smaller than x off `dim`; a take does not
+    x, index = torch.randn(4, 8), torch.randint(0, 8, (2, 3))
+    fn = lambda x, i: torch.gather(x + 1, 1, i)  # noqa: E731
+    report.reset()
+    torch.testing.assert_close(_compiled(fn, TARGETS[0])(x, index), fn(x, index))
+    assert "gather" in outside_ops()
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU a bad index is a device-side assert")
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_gather_index_outside_raises_runtime_error_as_eager(target) -> None:
+    fn = lambda x, i: torch.gather(x * 2, 1, i)  # noqa: E731
+    compiled = _compiled(fn, target)
+    x, index = torch.randn(3, 8), torch.randint(0, 8, (3, 5))
+    torch.testing.assert_close(compiled(x, index), fn(x, index))
+    bad = index.clone()
+    bad[2, 4] = 8
+    with pytest.raises(RuntimeError):
+        fn(x, bad)
+    with pytest.raises(RuntimeError):
+        compiled(x, bad)
