@@ -113,3 +113,50 @@ def test_relu_keeps_zeros_and_nan_as_aten_does(target: str, dtype: torch.dtype) 
     torch.testing.assert_close(got, want, equal_nan=True)
     if dtype.is_floating_point:
         assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+# --------------------------------------------------------------------------- tensor bounds
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bound", ["0-d", "row", "full"])
+def test_a_tensor_bound_is_maximum_or_minimum_in_kernels(target, dtype, bound) -> None:
+    """clamp_min / clamp_max with a tensor bound (rules/decompose/activations.yaml:
+    clamp-min-tensor, clamp-max-tensor): nan and infinities of either side as ATen."""
+    if target == "openmp" and dtype == torch.bfloat16:
+        pytest.skip("the OpenMP target computes f32 and f64 only")
+    x = _special((7, 33), dtype).to(_device(target))
+    shape = {"0-d": (), "row": (33,), "full": (7, 33)}[bound]
+    lo = _special(shape, dtype).to(_device(target)) if shape else torch.tensor(0.5, dtype=dtype)
+    hi = lo.flip(-1) + 1.0 if shape else torch.tensor(2.0, dtype=dtype)
+
+    def fn(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        return torch.clamp_max(torch.clamp_min(x * 2.0, lo), hi) + 1.0
+
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(x, lo, hi)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(got, fn(x, lo, hi), equal_nan=True, **tol)
+    assert not any(op.startswith("clamp") for r in report.RECORDS for op in r.fallback_ops)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(6, 16), (2, 5, 8)], ids=str)
+def test_cosine_similarity_in_kernels_forward_and_backward(target, shape) -> None:
+    """F.cosine_similarity clamps its norms' product with a 0-d tensor bound."""
+    torch.manual_seed(0)
+    a, b = torch.randn(*shape).to(_device(target)), torch.randn(*shape).to(_device(target))
+    a[0] = 0.0  # a zero vector: the clamp to eps decides the value
+    fn = lambda a, b: F.cosine_similarity(a, b, dim=-1)  # noqa: E731
+    ac, ae = a.clone().requires_grad_(), a.clone().requires_grad_()
+    report.reset()
+    torch._dynamo.reset()
+    out = rewritec.compile(fn, target=target, strict=True)(ac, b)
+    ref = fn(ae, b)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(ac.grad, ae.grad)
+    assert not any(op.startswith("clamp") for r in report.RECORDS for op in r.fallback_ops), \
+        [dict(r.fallback_ops) for r in report.RECORDS]
