@@ -3,7 +3,8 @@ in arithmetic with a float tensor is converted to the float's dtype first, so ke
 compute the op (they combine integers with integers only) instead of ATen. Results
 and dtypes equal eager's on both targets, for several integer and float dtypes;
 log-sigmoid's backward (whose decomposition multiplies an int64 `where` by floats)
-runs inside kernels; an integer times a Python float stays ATen's."""
+runs inside kernels; so does an integer tensor with a Python float, or divided by any
+number (its result the default float dtype), exact against eager."""
 
 from __future__ import annotations
 
@@ -65,3 +66,26 @@ def test_an_integer_times_a_python_float_stays_exact_and_float32() -> None:
     for g, w in zip(got, fn(i), strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("idtype", [torch.int64, torch.int32, torch.bool], ids=str)
+def test_an_integer_with_a_python_float_runs_in_kernels(target, idtype) -> None:
+    """Past 2**24 the conversion to f32 rounds, in the kernel as in eager."""
+    device = target_device(target)
+    i = (torch.arange(-20, 20, dtype=torch.int64) * 1_000_003).to(idtype).to(device)
+    y = torch.randn(40, device=device)
+
+    def fn(t: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        sub = (t - 1.5) * y if t.dtype != torch.bool else y  # (ATen refuses `-` on bools)
+        return (t * 0.5 + y, (t + 0.25) * y, sub, t / 3 + y, 2.5 * t - y)
+
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(fn, target=target, strict=True)(i, y)
+    for g, w in zip(got, fn(i, y), strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    outside = {op for r in report.RECORDS for op in r.fallback_ops}
+    assert not {"mul", "add", "sub", "div"} & outside, outside
+
