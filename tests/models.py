@@ -337,6 +337,15 @@ def target_device(target: str) -> str:
     return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
 
 
+def with_values(shape: tuple[int, ...], dtype: torch.dtype, values: Sequence[float],
+                scale: float = 3.0) -> torch.Tensor:
+    """randn(shape) * scale with `values` (nan, infinities, signed zeros, ...) as its
+    first elements, in `dtype`, on the CPU."""
+    x = torch.randn(*shape) * scale
+    x.view(-1)[: len(values)] = torch.tensor(values)
+    return x.to(dtype)
+
+
 def check_grad(fn: Callable[..., torch.Tensor], x: torch.Tensor, target: str,
                *others: torch.Tensor, **tols: float) -> None:
     """`fn(x, *others)` compiled strictly for `target` against eager: its value and the

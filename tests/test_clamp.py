@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import rewritec
+from models import with_values
 from rewritec import report
 from rewritec.runtime.build import cxx
 
@@ -29,12 +30,11 @@ FUNCS = {
 }
 
 
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 3.0, -3.0, 6.0, 1.0, -1.0]
+
+
 def _special(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    x = torch.randn(*shape) * 4.0
-    flat = x.view(-1)
-    values = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 3.0, -3.0, 6.0, 1.0, -1.0]
-    flat[: len(values)] = torch.tensor(values)
-    return x.to(dtype)
+    return with_values(shape, dtype, SPECIAL, scale=4.0)
 
 
 def _device(target: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import check_block_under_autocast, check_grad, rules_fired, target_device, \
-    target_params
+    target_params, with_values
 
 import rewritec
 from rewritec import report
@@ -27,12 +27,6 @@ FUNCS = {
 }
 
 
-def _values(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    x = torch.randn(*shape) * 3.0
-    x.view(-1)[: len(SPECIAL)] = torch.tensor(SPECIAL)
-    return x.to(dtype)
-
-
 def _outside(op: str) -> list[dict]:
     return [dict(r.fallback_ops) for r in report.RECORDS if op in r.fallback_ops]
 
@@ -46,7 +40,7 @@ def test_in_kernels_equal_eager_on_special_values(target: str, name: str,
     if target == "openmp" and dtype in (torch.bfloat16, torch.float16):
         pytest.skip("the OpenMP target computes f32 and f64 only")
     fn, op = FUNCS[name]
-    x = _values((6, 37), dtype).to(target_device(target))
+    x = with_values((6, 37), dtype, SPECIAL).to(target_device(target))
     report.reset()
     torch._dynamo.reset()
     got = rewritec.compile(fn, target=target, strict=True)(x)

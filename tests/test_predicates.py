@@ -8,17 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import check_grad, outside_ops, rules_fired, target_device, target_params
+from models import check_grad, outside_ops, rules_fired, target_device, target_params, \
+    with_values
 from rewritec import report
 
 import rewritec
 
 
-def _special(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    x = torch.randn(*shape) * 3.0
-    values = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e30, -1e-30, 2.0]
-    x.view(-1)[: len(values)] = torch.tensor(values)
-    return x.to(dtype).to(device)
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e30, -1e-30, 2.0]
 
 
 @pytest.mark.parametrize("target", target_params())
@@ -27,7 +24,7 @@ def test_nan_and_inf_masks_equal_eager(target, dtype) -> None:
     device = target_device(target)
     if target == "openmp" and dtype == torch.bfloat16:
         dtype = torch.float32  # (bf16 kernels on the CPU: tests/test_cpu_halves.py)
-    x = _special((5, 19), dtype, device)
+    x = with_values((5, 19), dtype, SPECIAL).to(device)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         clean = torch.where(torch.isnan(x), 0.0, x)
