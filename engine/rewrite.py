@@ -339,9 +339,12 @@ class Rewriter:
 
 
 def _same_value_type(old: Term, new: Term) -> bool:
-    """A rewrite must keep the result's kind, shape and dtype (strides may differ)."""
+    """A rewrite must keep the result's kind, shape, dtype and device (strides may
+    differ). A 0-d CPU tensor joins CUDA tensors in ATen's ops (a copy of it onto a
+    CUDA tensor is a CUDA tensor); a rewrite to a view of it would be a CPU one."""
     a, b = old.meta, new.meta
-    if a.kind != b.kind or a.dtype != b.dtype or len(a.shape) != len(b.shape):
+    if a.kind != b.kind or a.dtype != b.dtype or len(a.shape) != len(b.shape) \
+            or (a.kind == "tensor" and a.device != b.device):
         return False
     if a.kind == "tuple":
         return len(a.parts) == len(b.parts) and all(

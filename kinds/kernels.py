@@ -486,6 +486,10 @@ def can_compile(t: Term, target: str, table: OpTable | None = None) -> bool:
     info = table.get(t.op)
     if info is None or t.meta.kind != "tensor":
         return False
+    # A kernel's arguments are on its device: a 0-d CPU tensor in a CUDA op (a clamp's
+    # bound, a copied start token) leaves that op to ATen, which takes it so.
+    if any(a.meta.kind == "tensor" and a.meta.device != t.meta.device for a in t.args):
+        return False
     dtypes = TRITON_DTYPES if target == "triton" else CPP_DTYPES
     if t.meta.dtype not in dtypes or (t.meta.dtype in INTS and t.op not in (
             *INT_OPS, *MOVES, "to", "iota") and not counts(t)) or (
