@@ -126,8 +126,10 @@ def test_a_tensor_bound_is_maximum_or_minimum_in_kernels(target, dtype, bound) -
         pytest.skip("the OpenMP target computes f32 and f64 only")
     x = _special((7, 33), dtype).to(_device(target))
     shape = {"0-d": (), "row": (33,), "full": (7, 33)}[bound]
-    lo = _special(shape, dtype).to(_device(target)) if shape else torch.tensor(0.5, dtype=dtype)
-    hi = lo.flip(-1) + 1.0 if shape else torch.tensor(2.0, dtype=dtype)
+    device = _device(target)
+    lo = _special(shape, dtype).to(device) if shape else torch.tensor(0.5, dtype=dtype,
+                                                                       device=device)
+    hi = lo.flip(-1) + 1.0 if shape else torch.tensor(2.0, dtype=dtype, device=device)
 
     def fn(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         return torch.clamp_max(torch.clamp_min(x * 2.0, lo), hi) + 1.0

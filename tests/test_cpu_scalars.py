@@ -40,18 +40,32 @@ def _kernel_ops(rec: report.GraphRecord) -> set[str]:
 
 
 @pytest.mark.parametrize("bound_device", ["cpu", "cuda"])
-def test_a_cpu_bound_stays_out_of_cuda_kernels(bound_device: str) -> None:
-    """clamp_min(x, lo) is maximum(x, lo) (rules/decompose/activations.yaml); with lo a
-    0-d CPU tensor the maximum is ATen's, which takes it, not a kernel's."""
+def test_a_cpu_value_stays_out_of_cuda_kernels(bound_device: str) -> None:
+    """maximum(x, lo) with lo a 0-d CPU tensor is ATen's, which takes it so, not a
+    kernel's, whose arguments are on its device."""
     def fn(x: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-        return torch.clamp_min(x * 2.0, lo) + 1.0
+        return torch.maximum(x * 2.0, lo) + 1.0
 
     rec = _compile_for_cuda(fn, ((4, 8), torch.float32, "cuda"), ((), torch.float32, bound_device))
-    assert rec.rules_fired.get("clamp-min-tensor") == 1
     if bound_device == "cpu":
         assert "maximum" not in _kernel_ops(rec) and rec.fallback_ops["maximum"] == 1
     else:
         assert "maximum" in _kernel_ops(rec) and "maximum" not in rec.fallback_ops
+
+
+@pytest.mark.parametrize("bound_device", ["cpu", "cuda"])
+def test_a_clamp_bound_on_another_device_is_left_to_aten(bound_device: str) -> None:
+    """clamp_min(x, lo) is maximum(x, lo) (rules/decompose/activations.yaml), but
+    CUDA's clamp_min refuses a CPU bound where maximum takes it: the rule leaves that
+    clamp to ATen, which raises as eager does."""
+    def fn(x: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+        return torch.clamp_min(x * 2.0, lo) + 1.0
+
+    rec = _compile_for_cuda(fn, ((4, 8), torch.float32, "cuda"), ((), torch.float32, bound_device))
+    fired = rec.rules_fired.get("clamp-min-tensor", 0)
+    assert fired == (bound_device == "cuda"), dict(rec.rules_fired)
+    if bound_device == "cpu":
+        assert rec.fallback_ops["clamp_min"] == 1
 
 
 @pytest.mark.parametrize("start_device", ["cpu", "cuda"])
