@@ -701,6 +701,16 @@ class CudaGraphRunner:
             return results
         finally:
             inputs.clear()  # (a wrapper that does not: its arguments are not kept)
+        # Results at the same memory in the warm-up run and the recording are none of
+        # the recording's (the warm-up's are alive through it): constants the wrapper
+        # holds, a causal mask folded once and saved for every attention layer. Handed
+        # out as they are and read in place by later graphs, as parameters are; taken
+        # for the graph's memory, their storages (alive for good) would keep the slot
+        # from ever being free.
+        constant = set() if warm is None else {
+            i for i, (a, b) in enumerate(zip(warm[0], outputs))
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and _storage(a) == _storage(b)}
         del warm
         # The warm-up's memory is cached for a side stream nothing else allocates on,
         # and the recording's for the graph's pool: without this the process would
@@ -731,6 +741,9 @@ class CudaGraphRunner:
             if not isinstance(o, torch.Tensor):
                 continue
             ptr = _storage(o)
+            if i in constant and ptr not in given:
+                _GRAPH_PARAMS.add(ptr)
+                continue
             at = given.get(ptr)
             if at is not None and not alive[ptr].expired():
                 if at not in static:

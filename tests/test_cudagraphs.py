@@ -146,9 +146,21 @@ class DisowningOnCpu(_OnCpu):
         finally:
             self._now = None  # (a plain run's list is the caller's: kept by no one)
 
+    def _warm_up(self, inputs):
+        """A run before the recording, as on a GPU, whose results live through it: a
+        result at the same memory in both is none of the recording's (a constant the
+        wrapper holds), and the recording hands it out as it is."""
+        if self.mutated:
+            return None
+        results = self.fn(list(inputs))
+        self._warm = {o.untyped_storage().data_ptr() for o in results
+                      if isinstance(o, torch.Tensor)}
+        return results, []
+
     def _record(self, inputs):
         buffers = [None if id(x) == i else x for x, i in zip(inputs, self._ids, strict=True)]
-        theirs = {x.untyped_storage().data_ptr() for x in inputs}
+        theirs = {x.untyped_storage().data_ptr() for x in inputs} | getattr(self, "_warm", set())
+        self._warm = set()
         self._first = list(inputs)  # what the replay right after the recording reads
         outputs = self.fn(inputs)
         places, handed = [], []
@@ -462,6 +474,46 @@ def test_a_pooled_graph_keeps_no_activation_alive_for_the_backward_to_reuse() ->
     assert bw_slot.exposed_args == [[(0,)]]  # read, and freed, by the backward itself
     assert fw.replays == bw.replays == 4 and fw.plain == bw.plain == 0
     assert pool.slots == [fw_slot, bw_slot] and not pool.refresh
+
+
+def test_a_constant_saved_at_several_positions_holds_no_graph() -> None:
+    """A folded constant (a causal mask) the forward saves for every attention layer
+    is the wrapper's memory, not the recording's: handed out as it is, read in place
+    by the backward, and never taken for a result the caller holds (on an H200 its
+    storage, alive for good, kept the forward slot from replaying: 1 replay and 6
+    plain runs in 7 steps)."""
+    from rewritec.runtime.cudagraphs import Pool
+
+    mask = torch.ones(3, 4).tril()
+
+    def fw(a):
+        x, w = a
+        h = x * w
+        return ((h * mask).sum(), mask, h, mask)  # the loss; saved: mask, h, mask
+
+    def bw(a):
+        m1, h, m2, g = a
+        return ((m1 + m2) * h.sign().abs() * g).sum(0),
+
+    pool = Pool()
+    f = DisowningOnCpu(fw, params=[False, True], mode="on", kind="forward",
+                       user_outputs=1, pool=pool)
+    b = DisowningOnCpu(bw, params=[], mode="on", kind="backward", pool=pool)
+    w = torch.randn(4)
+    for _ in range(6):
+        x = torch.randn(3, 4)
+        loss, *saved = f([x, w])
+        assert all(m.data_ptr() == mask.data_ptr() for m in saved[::2])
+        args = [*saved, torch.ones(())]
+        del saved
+        (dw,) = b(args)
+        torch.testing.assert_close(loss, (x * w * mask).sum())
+        torch.testing.assert_close(dw, 2 * (mask * (x * w).sign().abs()).sum(0))
+        del loss, dw
+    (f_slot,) = next(iter(f.graphs.values())).slots
+    assert f.replays == b.replays == 5 and f.plain == b.plain == 0
+    assert f_slot.positions == [0, 2]  # the loss and h: the masks are none of its memory
+    assert {0, 2} <= set(next(iter(b.graphs.values())).slots[0].static)  # the masks
 
 
 def test_a_backward_first_seen_after_its_forward_recorded_records_with_it() -> None:
