@@ -530,10 +530,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options,
             tuple(o.meta.strides) if o is not None and o.meta.kind == "tensor"
             and all(isinstance(x, int) for x in o.meta.strides) else None
             for o in graph.outputs[:parts.get("results")]]
-    # (not yet under CUDA-graph replay: a slot whose results share memory at two
-    # positions is found held at every later call on an H200, so it runs plainly)
-    shared = frozenset() if opts.cudagraphs == "on" else \
-        _saved_positions(rec.kind, captured, parts.get("results"))
+    # (under CUDA-graph replay too: a shared folded constant is none of the graph's
+    # memory there, runtime/cudagraphs.py: `_capture`)
+    shared = _saved_positions(rec.kind, captured, parts.get("results"))
     clones = _outputs_to_clone(graph, conv.output_nodes, aliased_before, shared)
     prepared = _prepare(graph, conv.store, opts, name, rec, bridge, parts)
     launchers: dict[Any, Any] = {}

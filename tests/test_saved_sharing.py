@@ -6,7 +6,8 @@ folds to a constant is saved once per attention layer. Hash-consing makes each o
 term; only the backward reads them, so the forward graph saves that one tensor at
 every position (compiler.py: `_outputs_to_clone`) instead of copying it. What the
 caller receives is still copied where eager gave distinct tensors (the last test).
-Graphs replayed as CUDA graphs (cudagraphs="on") keep the copies for now.
+Graphs replayed as CUDA graphs (cudagraphs="on") share them too: a shared folded
+constant is not the recording's memory (tests/test_cudagraphs.py).
 """
 
 from __future__ import annotations
@@ -61,12 +62,14 @@ def test_shared_saved_tensors_keep_gradients(shape: tuple[int, ...]) -> None:
     check_block_under_autocast(lambda: Attention(seq=shape[1]), x)
 
 
-def test_shared_saved_tensors_are_not_copied() -> None:
+@pytest.mark.parametrize("cudagraphs", ["auto", "on"])
+def test_shared_saved_tensors_are_not_copied(cudagraphs: str) -> None:
     torch.manual_seed(0)
     model = Attention()
     x = torch.randn(2, 8, 32)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="rewritec", options={"strict": True})
+    compiled = torch.compile(model, backend="rewritec",
+                             options={"strict": True, "cudagraphs": cudagraphs})
     _copies_in_forward(compiled, x)  # compiles
     model.zero_grad(set_to_none=True)
     # 6 before: the inputs of k and v in both layers, and the masks
