@@ -280,6 +280,10 @@ def _tile_dim(term: Term, order: tuple[int, ...] | None, rank: int) -> int | Non
     for a in term.args:
         if a.meta.kind != "tensor" or a.meta.rank != rank or len(a.meta.strides) != rank:
             continue
+        # read along the space's innermost dim at one place (a per-row value: [N, 1]
+        # or its expand, stride 0) or contiguously: a flat loop reads it as well
+        if a.meta.shape[space[-1]] == 1 or a.meta.strides[space[-1]] in (0, 1):
+            continue
         inner = [k for k in range(rank) if a.meta.strides[k] == 1 and a.meta.shape[k] != 1]
         if len(inner) == 1 and inner[0] != space[-1] and isinstance(a.meta.shape[inner[0]], int) \
                 and a.meta.shape[inner[0]] >= 8:
