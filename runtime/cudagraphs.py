@@ -708,7 +708,7 @@ class CudaGraphRunner:
         # for the graph's memory, their storages (alive for good) would keep the slot
         # from ever being free.
         constant = set() if warm is None else {
-            i for i, (a, b) in enumerate(zip(warm[0], outputs))
+            i for i, (a, b) in enumerate(zip(warm[0], outputs, strict=False))
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
             and _storage(a) == _storage(b)}
         del warm
