@@ -246,6 +246,9 @@ class Matcher:
     # False: sums match as binary trees, both orders at each node (exponential;
     # what benchmarks/engine.py compares the multiset matching with)
     multiset: bool = True
+    # (variable, value) -> whether the rule's guards on that variable alone hold
+    # (engine/rules.py: Rule.early_guards): a binding they refuse is never made
+    admits: Callable[[str, Any], bool] | None = None
 
     def fail(self, depth: int, reason: str, term: Term | None) -> None:
         if self.failure is None or depth > self.failure.depth:
@@ -302,6 +305,9 @@ class Matcher:
         """`name` bound to `t`: a new binding, or the same term bound before."""
         bound = env.get(name)
         if bound is None:
+            if self.admits is not None and not self.admits(name, t):
+                self.fail(depth, f"a guard on `{name}` alone is false", t)
+                return
             yield {**env, name: t}
         elif bound is t:
             yield env

@@ -135,6 +135,10 @@ class Rewriter:
         self.fired: Counter[str] = Counter()
         self.steps = 0
         self.flats: dict[Term, Flat] = {}  # sums flattened for AC matching, this pass
+        # (rule name, term uid) of tries that found no rewrite, kept across passes:
+        # a term is its whole sub-graph (hash-consed), so the same try finds none
+        # again, unless the rule's guards read the graph around it (`users`)
+        self.settled: set[tuple[str, int]] = set()
 
     def _users(self, t: Term) -> int:
         if t not in self.users:
@@ -221,8 +225,13 @@ class Rewriter:
             raise RewriteStop(f"time budget ({self.seconds:g} s) exhausted; rules fired most: "
                               f"{self._top(counts=False)}")
         for rule in self.index.get(t.op, ()):
+            key = (rule.name, t.uid)
+            if key in self.settled:
+                continue
             replacement = self._try(rule, t)
             if replacement is None or replacement is t:
+                if not rule.reads_graph and self.explain is None:
+                    self.settled.add(key)
                 continue
             self.steps += 1
             self.fired[rule.name] += 1
@@ -264,7 +273,18 @@ class Rewriter:
         # the explanation being built for this rule (`rewritec explain`), if any
         explain = self.explain if self.explain is not None and self.explain.rule == rule.name \
             else None
-        matcher = Matcher(self.table, budget=self.match_budget, flats=self.flats)
+        early = rule.early_guards if explain is None else None
+        admits = None
+        if early:
+            check = self.guards.check
+
+            def admits(name: str, value: Any) -> bool:
+                if all(check(g, {name: value}) for g in early.get(name, ())):
+                    return True
+                st.rejected_guard += 1  # as a whole match its guards refuse counts
+                return False
+        matcher = Matcher(self.table, budget=self.match_budget, flats=self.flats,
+                          admits=admits)
         try:
             for env, rest in matcher.match_root(rule.pattern, t, {}):
                 st.matched += 1

@@ -19,6 +19,8 @@ YAML with the safe loader and parses expressions with the lark grammar.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from collections.abc import Collection, Mapping
@@ -168,6 +170,30 @@ class Rule:
     template_dir: str | None = None
     # `pattern as p` at the root: the name the matched term is bound to
     root_name: str | None = None
+
+    @functools.cached_property
+    def early_guards(self) -> dict[str, tuple[S.Node, ...]]:
+        """The parts of its guards (conjuncts of `and`) that read one pattern
+        variable only, by that variable: the matcher checks them as soon as it binds
+        the variable, so that a sum's operands that fail them are never combined
+        (`add(x, c)` with `is_scalar(c)` against a sum of 40 terms). Every guard is
+        still checked on the whole match; these only prune."""
+        if self.kind == "fuse":
+            return {}
+        out: dict[str, list[S.Node]] = {}
+        for node, _ in self.guards:
+            for part in S.conjuncts(node):
+                free = {v.name for v in S.variables(part)} - set(DTYPE_NAMES) - {self.root_name}
+                if len(free) == 1:
+                    out.setdefault(free.pop(), []).append(part)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @functools.cached_property
+    def reads_graph(self) -> bool:
+        """Do its guards read more than the matched terms (`users`: how many terms
+        of the graph read one, which another rewrite may change)?"""
+        return any(isinstance(n, S.Call) and n.func == "users"
+                   for node, _ in self.guards for n in S.walk(node))
 
     @property
     def root(self) -> str:

@@ -105,6 +105,13 @@ class Seq(Node):
     items: tuple[Node, ...]
 
 
+def conjuncts(node: Node) -> list[Node]:
+    """`a and b and c` -> [a, b, c]; any other node -> [node]."""
+    if isinstance(node, BoolOp) and node.op == "and":
+        return conjuncts(node.left) + conjuncts(node.right)
+    return [node]
+
+
 _NAMED_CONSTS = {"True": True, "False": False, "None": None, "inf": float("inf")}
 
 

@@ -59,7 +59,8 @@ def test_a_guard_whose_arithmetic_explodes_at_match_time_is_false() -> None:
     start = time.perf_counter()
     assert rw.run(Graph((x,), (root,))).graph.outputs == (root,)
     assert time.perf_counter() - start < 1
-    assert rw.stats["mul-one-pow-shape"].rejected_guard == 1
+    # (refused when x is bound, for each operand x might be)
+    assert rw.stats["mul-one-pow-shape"].rejected_guard >= 1
 
 
 def test_the_rewriter_stops_at_its_time_budget() -> None:
