@@ -249,6 +249,8 @@ def _binary(name: str, a: torch.Tensor, b: torch.Tensor, p: tuple[Any, ...]) -> 
         return torch.where(torch.logical_or(a < 0, ~(b > 1.0)), a, b)
     if name == "mask_mul":
         return a * (b > 0).to(a.dtype if a.is_floating_point() else torch.float32)
+    if name == "clamp_t":  # a tensor bound (rules/decompose/activations.yaml)
+        return torch.clamp_min(a, b) if p[0] == "min" else torch.clamp_max(a, b)
     if name == "mm":
         return torch.mm(a, b)
     if name == "bmm":
@@ -261,7 +263,8 @@ def _binary(name: str, a: torch.Tensor, b: torch.Tensor, p: tuple[Any, ...]) -> 
 UNARY = ("neg", "abs", "exp", "log_abs1", "sqrt_abs", "sin", "cos", "tanh", "sigmoid", "relu",
          "gelu", "silu", "clamp", "pow", "cast", "contiguous")
 SCALAR = ("add_s", "sub_s", "rsub_s", "mul_s", "div_s")
-BINARY = ("add", "sub", "mul", "div", "maximum", "where", "where_and", "where_or", "mask_mul")
+BINARY = ("add", "sub", "mul", "div", "maximum", "where", "where_and", "where_or", "mask_mul",
+          "clamp_t")
 REDUCE = ("sum", "mean", "amax", "amin")
 LASTDIM = ("softmax", "log_softmax", "layer_norm")
 VIEWS = ("transpose", "permute", "reshape", "view", "expand", "unsqueeze", "slice", "select")
@@ -301,6 +304,18 @@ def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
         ids_shape, mult = p
         ids = (torch.arange(math.prod(ids_shape), device=x.device) * mult + 1) % x.shape[0]
         return F.embedding(ids.reshape(ids_shape), x)
+    if name == "nan_guard":  # kl_div's mask: isnan / isinf inside kernels
+        return torch.where(torch.isnan(x) | torch.isinf(x), torch.zeros_like(x), x)
+    if name == "gather":  # an index of x's sizes off `dim`: a take (gathers.yaml)
+        dim, k, mult = p
+        shape = list(x.shape)
+        shape[dim] = k
+        idx = (torch.arange(math.prod(shape), device=x.device) * mult + 1) % x.shape[dim]
+        return torch.gather(x, dim, idx.reshape(shape))
+    if name == "set_first":  # a 0-d value written into column 0 (T5's shifted labels)
+        y = x.clone()
+        y.select(-1, 0).copy_(x.reshape(-1)[p[0] % x.numel()])
+        return y
     if name == "batch_norm":  # training: the batch's statistics per channel (dim 1)
         return F.batch_norm(x, None, None, training=True, eps=p[0])
     if name == "transpose":
@@ -839,6 +854,9 @@ def _op_kinds(x: torch.Tensor, allow_conv: bool, computed: bool) -> list[str]:
         kinds.append("cross_entropy")  # an integer comparison inside its row kernels
     if r == 2 and x.is_floating_point():
         kinds.append("embedding")  # a take: rows read by id (rules/decompose/gathers.yaml)
+    if r >= 1 and x.numel() > 0:
+        kinds += ["gather", "set_first"]
+    kinds.append("nan_guard")
     kinds += ["reshape", "view", "expand", "unsqueeze"]
     if r >= 1:
         kinds.append("matmul")
@@ -910,6 +928,8 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
     elif kind in BINARY:
         if kind in ("add", "sub"):
             p = (draw(st.sampled_from([1, 2, -0.5])),)
+        elif kind == "clamp_t":
+            p = (draw(st.sampled_from(["min", "max"])),)
         elif kind == "where":
             p = (draw(st.sampled_from(list(_CMP))),)
         how = partner or draw(st.sampled_from(["partner", "partner", "self"]))
@@ -934,6 +954,11 @@ def _op(draw: Any, b: _Builder, allow_conv: bool, kind: str | None = None,
         p = (draw(st.sampled_from(["mean", "sum", "none"])),)
     elif kind == "embedding":
         p = (draw(st.sampled_from([(3,), (2, 5), (1, 4, 3)])), draw(st.sampled_from([1, 3, 7])))
+    elif kind == "gather":
+        p = (draw(st.integers(0, r - 1)), draw(st.sampled_from([1, 2, 3])),
+             draw(st.sampled_from([1, 3, 7])))
+    elif kind == "set_first":
+        p = (draw(st.integers(0, 5)),)
     elif kind == "transpose":
         p = (draw(st.integers(-r, r - 1)), draw(st.integers(-r, r - 1)))
     elif kind == "permute":
@@ -1049,13 +1074,19 @@ MOTIFS: dict[str, list[tuple[str, Any, str | None]]] = {
     "sub-self": [("sub", (1,), "self")],
     "pow-half": [("pow", (0.5,), None)],
     "pow-two": [("pow", (2.0,), None)],
+    # rules/decompose/activations.yaml, predicates.yaml, gathers.yaml, simplify/casts.yaml
+    "clamp-row-bound": [("clamp_t", ("min",), "column"), ("clamp_t", ("max",), "channel")],
+    "nan-guard-log": [("log", (), None), ("nan_guard", (), None)],
+    "gather-rows": [("gather", None, None), ("mul_s", (2.0,), None)],
+    "set-first-cast": [("set_first", None, None), ("cast", None, None)],
 }
 
 
 # The least rank of a motif's first operand where a later step needs more than the
 # first does (a transpose after a sum over dim 0 needs rank 3)
 MOTIF_RANKS = {"add-transpose-copy": 2, "mul-transpose-copy": 2, "sum-transpose-copy": 3,
-               "keepdim-sum-view": 1}
+               "keepdim-sum-view": 1, "clamp-row-bound": 2, "gather-rows": 1,
+               "set-first-cast": 1}
 
 
 @st.composite
