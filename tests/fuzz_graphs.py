@@ -1134,6 +1134,10 @@ def graphs(draw: Any, max_ops: int = 6, grad: bool | None = None,
             draw(_motif(b, allow_conv))
         else:
             draw(_op(b, allow_conv))
+    if not any(isinstance(s, Op) for s in b.stmts):
+        # only motifs that could not start (a convolution's, allow_conv=False): a
+        # program of inputs alone returns them, and TorchDynamo makes no graph of it
+        draw(_op(b, allow_conv))
     g = grad if grad is not None else draw(st.booleans())
     params: tuple[int, ...] = ()
     if draw(st.integers(0, 2)) == 0:  # a module: some inputs are its parameters
