@@ -20,7 +20,6 @@ YAML with the safe loader and parses expressions with the lark grammar.
 from __future__ import annotations
 
 import functools
-
 import math
 import re
 from collections.abc import Collection, Mapping

@@ -710,7 +710,7 @@ class CudaGraphRunner:
         constant = set() if warm is None else {
             i for i, (a, b) in enumerate(zip(warm[0], outputs, strict=False))
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and _storage(a) == _storage(b)}
+            and _storage(a) == _storage(b) != 0}  # (not two empty tensors)
         del warm
         # The warm-up's memory is cached for a side stream nothing else allocates on,
         # and the recording's for the graph's pool: without this the process would
