@@ -271,6 +271,11 @@ VIEWS = ("transpose", "permute", "reshape", "view", "expand", "unsqueeze", "slic
 MATMUL = ("mm", "bmm", "matmul")
 
 
+def _ids(shape: Sequence[int], mult: int, n: int, device: torch.device) -> torch.Tensor:
+    """Indices below `n` of `shape`, made from the positions (mult * i + 1, wrapped)."""
+    return ((torch.arange(math.prod(shape), device=device) * mult + 1) % n).reshape(shape)
+
+
 def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
     """Run one op record (eager semantics; also traced by Dynamo)."""
     name, p = op.op, op.params
@@ -302,16 +307,14 @@ def apply_op(op: Op, args: Sequence[torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(rows, target, ignore_index=-100, reduction=p[0])
     if name == "embedding":  # rows of a 2-d table by ids made from positions
         ids_shape, mult = p
-        ids = (torch.arange(math.prod(ids_shape), device=x.device) * mult + 1) % x.shape[0]
-        return F.embedding(ids.reshape(ids_shape), x)
+        return F.embedding(_ids(ids_shape, mult, x.shape[0], x.device), x)
     if name == "nan_guard":  # kl_div's mask: isnan / isinf inside kernels
         return torch.where(torch.isnan(x) | torch.isinf(x), torch.zeros_like(x), x)
     if name == "gather":  # an index of x's sizes off `dim`: a take (gathers.yaml)
         dim, k, mult = p
         shape = list(x.shape)
         shape[dim] = k
-        idx = (torch.arange(math.prod(shape), device=x.device) * mult + 1) % x.shape[dim]
-        return torch.gather(x, dim, idx.reshape(shape))
+        return torch.gather(x, dim, _ids(shape, mult, x.shape[dim], x.device))
     if name == "set_first":  # a 0-d value written into column 0 (T5's shifted labels)
         y = x.clone()
         y.select(-1, 0).copy_(x.reshape(-1)[p[0] % x.numel()])

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import rewritec
-from models import with_values
+from models import target_device, with_values
 from rewritec import report
 from rewritec.runtime.build import cxx
 
@@ -37,10 +37,6 @@ def _special(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return with_values(shape, dtype, SPECIAL, scale=4.0)
 
 
-def _device(target: str) -> str:
-    return "cuda" if target == "triton" and torch.cuda.is_available() else "cpu"
-
-
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", list(FUNCS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -48,7 +44,7 @@ def test_clamps_in_kernels_equal_eager(target: str, name: str, dtype: torch.dtyp
     if target == "openmp" and dtype in (torch.bfloat16, torch.float16):
         pytest.skip("the OpenMP target computes f32 and f64 only")
     fn = FUNCS[name]
-    x = _special((7, 33), dtype).to(_device(target))
+    x = _special((7, 33), dtype).to(target_device(target))
     report.reset()
     torch._dynamo.reset()
     got = rewritec.compile(fn, target=target, strict=True)(x)
@@ -71,7 +67,7 @@ def test_clamps_in_kernels_equal_eager(target: str, name: str, dtype: torch.dtyp
 def test_clamp_gradients_equal_eager(target: str, name: str, shape: tuple) -> None:
     fn = FUNCS[name]
     torch.manual_seed(0)
-    x = (torch.randn(*shape) * 4.0).to(_device(target))
+    x = (torch.randn(*shape) * 4.0).to(target_device(target))
     xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
     torch._dynamo.reset()
     out = rewritec.compile(fn, target=target, strict=True)(xc)
@@ -102,7 +98,7 @@ def test_relu_keeps_zeros_and_nan_as_aten_does(target: str, dtype: torch.dtype) 
         pytest.skip("Triton's relu is checked against CUDA eager")
     x = _special((7, 33), torch.float32)
     x = (x if dtype.is_floating_point else x.nan_to_num(0.0).clamp(-100, 100)).to(dtype)
-    x = x.to(_device(target))
+    x = x.to(target_device(target))
 
     def fn(t: torch.Tensor) -> torch.Tensor:
         return torch.relu(torch.relu(t) * 1) * 1
@@ -124,9 +120,9 @@ def test_a_tensor_bound_is_maximum_or_minimum_in_kernels(target, dtype, bound) -
     clamp-min-tensor, clamp-max-tensor): nan and infinities of either side as ATen."""
     if target == "openmp" and dtype == torch.bfloat16:
         pytest.skip("the OpenMP target computes f32 and f64 only")
-    x = _special((7, 33), dtype).to(_device(target))
+    device = target_device(target)
+    x = _special((7, 33), dtype).to(device)
     shape = {"0-d": (), "row": (33,), "full": (7, 33)}[bound]
-    device = _device(target)
     lo = _special(shape, dtype).to(device) if shape else torch.tensor(0.5, dtype=dtype,
                                                                        device=device)
     hi = lo.flip(-1) + 1.0 if shape else torch.tensor(2.0, dtype=dtype, device=device)
@@ -147,7 +143,8 @@ def test_a_tensor_bound_is_maximum_or_minimum_in_kernels(target, dtype, bound) -
 def test_cosine_similarity_in_kernels_forward_and_backward(target, shape) -> None:
     """F.cosine_similarity clamps its norms' product with a 0-d tensor bound."""
     torch.manual_seed(0)
-    a, b = torch.randn(*shape).to(_device(target)), torch.randn(*shape).to(_device(target))
+    device = target_device(target)
+    a, b = torch.randn(*shape).to(device), torch.randn(*shape).to(device)
     a[0] = 0.0  # a zero vector: the clamp to eps decides the value
     fn = lambda a, b: F.cosine_similarity(a, b, dim=-1)  # noqa: E731
     ac, ae = a.clone().requires_grad_(), a.clone().requires_grad_()
