@@ -100,7 +100,13 @@ class RowSpace:
                     if a != b]
             if len(ones) == 1 and shape[ones[0]] == 1:
                 self.dim = ones[0]
-        return shape in (self.shape, self.per_row())
+        if shape in (self.shape, self.per_row()):
+            return True
+        # A value that broadcasts to the rows (a cast of a norm's [D] weights, a
+        # [1, T, D] position table): computed at each element it is read at, from
+        # inputs read through the broadcast, as a pointwise kernel computes one.
+        # Never a side output (can_output): one a user outside reads stays outside.
+        return broadcasts(shape, self.shape)
 
     def _take(self, t: Term) -> bool:
         """A take of the rows' shape, or one that broadcasts to it (positions shared
@@ -133,7 +139,7 @@ class RowSpace:
             s if k == d else 1 for k, s in enumerate(self.shape))
 
     def can_output(self, t: Term) -> bool:
-        return t.meta.dtype in FLOATS
+        return t.meta.dtype in FLOATS and tuple(t.meta.shape) in (self.shape, self.per_row())
 
 
 def _spec(term: Term, index: int) -> KernelSpec:
