@@ -33,7 +33,8 @@ def test_conv_bn_relu_eval_folds_to_one_convolution() -> None:
         m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=bias), nn.BatchNorm2d(8),
                           nn.ReLU()).eval()
         _bn(m[1])
-        rule = "conv-affine-fold" if bias else "conv-nobias-affine-fold"
+        # a bias is an add after the convolution by then (conv-bias-as-add)
+        rule = "conv-split-bias-affine-fold" if bias else "conv-nobias-affine-fold"
         report.reset()
         with torch.no_grad():
             # NCHW kept: this is about the fold; tests/test_layout.py covers NHWC
