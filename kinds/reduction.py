@@ -31,6 +31,7 @@ from ..engine.fuse import (
     INTS,
     ROW_REDUCTIONS,
     body_terms,
+    broadcasts,
     counts,
     kernel_outputs,
     kernel_value,
@@ -65,6 +66,18 @@ from .tuning import ReductionTuning
 PARALLEL_REDUCTION_MIN = 32768
 
 
+
+def in_prologue(shape: tuple[Any, ...], in_shape: tuple[Any, ...] | None,
+                out_shape: tuple[Any, ...]) -> bool:
+    """Is a (non-reduction) member of this shape computed per reduced element (the
+    prologue)? One of the input's shape, or one that broadcasts to it but is not of
+    the output's shape (a per-channel shift the prologue subtracts): computed where
+    it is read, from inputs read through the broadcast. Of the output's shape, it is
+    the epilogue's."""
+    if in_shape is None:
+        return False
+    return shape == in_shape or (shape != out_shape and broadcasts(shape, in_shape))
+
 def reduction_spec(term: Term, index: int) -> KernelSpec:
     """The KernelSpec of a `reduction` kernel term; `meta` says which dims are
     reduced and, per input, which phase reads it and whether it is read flat."""
@@ -83,7 +96,8 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
     for t in body:
         if t.op in ("arg", "const"):
             continue
-        phase = "in" if t.op in ROW_REDUCTIONS or tuple(t.meta.shape) == in_shape else "out"
+        phase = "in" if t.op in ROW_REDUCTIONS or in_prologue(
+            tuple(t.meta.shape), in_shape, out_shape) else "out"
         for a in t.args:
             if a.op == "arg":
                 phases[a.attr("index")].add(phase)
@@ -154,14 +168,14 @@ def _offsets(spec: KernelSpec, i: int, phase: str, o: str, r: str, target: str) 
 
 def _split(spec: KernelSpec) -> tuple[list[Term], list[Term], list[Term]]:
     """(prologue, reductions, epilogue) terms in body order."""
-    in_shape = spec.meta["in_shape"]
+    in_shape, out_shape = spec.meta["in_shape"], spec.meta["out_shape"]
     pro, red, epi = [], [], []
     for t in spec.body:
         if t.op in ("arg", "const"):
             continue
         if t.op in ROW_REDUCTIONS:
             red.append(t)
-        elif tuple(t.meta.shape) == in_shape:
+        elif in_prologue(tuple(t.meta.shape), in_shape, out_shape):
             pro.append(t)
         else:
             epi.append(t)
@@ -444,7 +458,11 @@ class ReductionSpace:
             if self.signature is None and signature[0] != shape:
                 self.signature, self.in_shape = signature, signature[0]
             return signature == self.signature
-        return shape == self.out_shape or shape == self.in_shape
+        return shape == self.out_shape or in_prologue(shape, self.in_shape, self.out_shape)
+
+    def _prologue(self, t: Term) -> bool:
+        return t.op not in ROW_REDUCTIONS and in_prologue(
+            tuple(t.meta.shape), self.in_shape, self.out_shape)
 
     def can_output(self, t: Term) -> bool:
         return t.meta.kind == "tensor" and (t.meta.dtype in FLOATS or t.meta.dtype in INTS) \
@@ -455,9 +473,9 @@ class ReductionSpace:
         no prologue member reads `t` if it is reduced (`x * sum(x)` takes two passes)."""
         if self.in_shape is None:
             return True
-        if tuple(t.meta.shape) == self.in_shape:
-            return all(tuple(a.meta.shape) == self.in_shape for a in t.args if a in members)
-        return not any(t in m.args for m in members if tuple(m.meta.shape) == self.in_shape)
+        if self._prologue(t):
+            return all(self._prologue(a) for a in t.args if a in members)
+        return not any(t in m.args for m in members if self._prologue(m))
 
     def siblings(self) -> tuple[Any, ...] | None:
         """What groups that may merge share: the signature and the output shape."""
@@ -466,8 +484,8 @@ class ReductionSpace:
     def accepts(self, members: set[Term]) -> bool:
         """One pass: no prologue value may depend on a reduced one (a variance's
         `x - mean(x)` needs two passes over I; fuse-row does that along one dim)."""
-        return all(tuple(a.meta.shape) == self.in_shape
-                   for m in members if tuple(m.meta.shape) == self.in_shape
+        return all(self._prologue(a)
+                   for m in members if self._prologue(m)
                    for a in m.args if a in members)
 
 

@@ -631,3 +631,21 @@ def test_openmp_reads_the_innermost_reduced_dims_in_runs(fn, shape, layout: str,
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * float(want.abs().max()))
     [kernel] = [k for r in report.RECORDS for k in r.kernels if k["template"].endswith("reduction")]
     assert "p / size3 + 1" in Path(kernel["source"]).read_text()
+
+
+# ------------------------------------------------------------------ broadcast prologue
+def _shifted_square_sum(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    # exp(c) is [1, C, 1, 1]: computed per reduced element, read through the broadcast
+    d = x - torch.exp(c.view(1, -1, 1, 1))
+    return (d * d).sum((0, 2, 3)) + d.sum((0, 2, 3))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 70, 3, 3)], ids=str)
+def test_a_value_broadcast_to_the_input_joins_the_prologue(target, shape) -> None:
+    """A per-channel value the prologue reads (batch norm's shift) is computed in the
+    reduction kernel, which takes both sums in one pass: one kernel."""
+    x, c = torch.randn(shape), torch.randn(shape[1]) * 0.1
+    _run(_shifted_square_sum, target, x, c)
+    kernels = [k for r in report.RECORDS for k in r.kernels]
+    assert len(kernels) == 1, [k["ops"] for k in kernels]
