@@ -139,7 +139,15 @@ class RowSpace:
             s if k == d else 1 for k, s in enumerate(self.shape))
 
     def can_output(self, t: Term) -> bool:
-        return t.meta.dtype in FLOATS and tuple(t.meta.shape) in (self.shape, self.per_row())
+        """A float of the rows' shape or one per row (before a reduction fixes the row
+        dim, one size-1 dim), never one that broadcasts to the rows otherwise."""
+        shape = tuple(t.meta.shape)
+        if t.meta.dtype not in FLOATS:
+            return False
+        if shape == self.shape or self.dim is not None:
+            return shape in (self.shape, self.per_row())
+        return len(shape) == len(self.shape) and [
+            a for a, b in zip(shape, self.shape, strict=True) if a != b] == [1]
 
 
 def _spec(term: Term, index: int) -> KernelSpec:

@@ -86,3 +86,28 @@ def test_a_broadcast_value_read_outside_too(target) -> None:
     got = rewritec.compile(fn, target=target, strict=True)(x, b)
     torch.testing.assert_close(got, fn(x, b))
     assert not set(outside_ops()) - VIEWS, outside_ops()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_per_row_value_saved_for_the_backward_stays_a_side_output(target) -> None:
+    """An RMSNorm in training saves its per-row rsqrt for the backward. The group
+    grows from the output, before any reduction fixes the row dim, and meets the
+    rsqrt first: it is still a per-row side output of the one row kernel."""
+    torch.manual_seed(0)
+    w = torch.rand(32, device=DEVICE, requires_grad=True)
+    x = torch.randn(3, 5, 32, device=DEVICE, requires_grad=True)
+
+    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x + 1.0
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    report.reset()
+    torch._dynamo.reset()
+    got = rewritec.compile(rms, target=target, strict=True)(x, w)
+    want = rms(x, w)
+    torch.testing.assert_close(got, want)
+    cot = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, (x, w), cot),
+                               torch.autograd.grad(want, (x, w), cot))
+    forward = report.RECORDS[0]
+    assert [k["kind"] for k in forward.kernels] == ["row"], [k["ops"] for k in forward.kernels]
