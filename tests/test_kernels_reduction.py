@@ -649,3 +649,24 @@ def test_a_value_broadcast_to_the_input_joins_the_prologue(target, shape) -> Non
     _run(_shifted_square_sum, target, x, c)
     kernels = [k for r in report.RECORDS for k in r.kernels]
     assert len(kernels) == 1, [k["ops"] for k in kernels]
+
+
+def _channel_stats(x: torch.Tensor) -> torch.Tensor:
+    return (x * x).sum((0, 2, 3)) - x.sum((0, 2, 3))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "nhwc-sliced", "hw-transposed"])
+def test_channel_sums_over_merged_and_unmerged_dims(target, layout) -> None:
+    """Sums over N, H and W, a batch norm's statistics, over layouts whose reduced dims
+    the OpenMP launcher reads as one run (all three in NHWC, H and W in NCHW) or apart
+    (a slice of W, H and W swapped)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 6, 7)
+    if layout == "nhwc":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "nhwc-sliced":
+        x = torch.randn(3, 5, 6, 9).to(memory_format=torch.channels_last)[..., 1:8]
+    elif layout == "hw-transposed":
+        x = torch.randn(3, 5, 7, 6).transpose(2, 3)
+    _run(_channel_stats, target, x, tol=1e-4)
