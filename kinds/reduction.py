@@ -424,7 +424,8 @@ def _unit_offset(spec: KernelSpec, i: int) -> str:
 
 class ReductionSpace:
     """sum/mean/amax/amin over any dims of an input shape I, giving output shape O:
-    members are I-shaped values (the prologue, computed per reduced element),
+    members are I-shaped values and values that broadcast to I but are not O-shaped
+    (the prologue, computed per reduced element: `in_prologue`),
     reductions over the same dims of I-shaped values, and O-shaped values (the
     epilogue, on the reduced values). I == O (only size-1 dims reduced, keepdim)
     is refused: the two phases could not be told apart by shape. Side outputs are

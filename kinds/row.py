@@ -57,8 +57,9 @@ from .tuning import RowTuning
 
 
 class RowSpace:
-    """Rows along one dim `dim` of a shape S: members are S-shaped values or one
-    value per row (S with size 1 at `dim`), and reductions run along `dim`.
+    """Rows along one dim `dim` of a shape S: members are S-shaped values, one
+    value per row (S with size 1 at `dim`), or values that broadcast to S (a cast of
+    a norm's weights, computed where it is read), and reductions run along `dim`.
     Softmax and layer_norm reduce the last dim; a bias gradient reduces dim 0.
     Any float member may be a side output: an S-shaped one is stored with the row's
     elements, a per-row one (layer_norm's mean and rstd) once per row; a bool mask
