@@ -9,7 +9,7 @@ counts as false, so an undecided guard never lets a rewrite through.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import syntax as S
@@ -30,6 +30,13 @@ class GuardContext:
 
     users: Callable[[Term], int]
     is_frozen: Callable[[Term], bool]
+    # the op category of each reader of a term ("output" for a graph output), for
+    # `pointwise_users`; where unknown, the guard is undecided (false)
+    user_categories: Callable[[Term], list[str]] = field(default=lambda t: _unknown(t))
+
+
+def _unknown(t: Term) -> list[str]:
+    raise Undecided("the graph's readers are not known here")
 
 
 def _tensor(t: Any) -> Term:
@@ -118,6 +125,11 @@ def _reduces_innermost(t: Term) -> bool:
     return inner in reduced
 
 
+def _pointwise_users(ctx: GuardContext, t: Term) -> bool:
+    kinds = ctx.user_categories(t)
+    return bool(kinds) and all(k == "pointwise" for k in kinds)
+
+
 def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
     return {
         "rank": lambda t: _tensor(t).meta.rank,
@@ -127,6 +139,9 @@ def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
         "numel": lambda t: _tensor(t).meta.numel(),
         "device": lambda t: _tensor(t).meta.device.split(":")[0],
         "users": lambda t: ctx.users(_tensor(t)),
+        # something reads it, and everything that does is pointwise work (where a
+        # pointwise kernel can take in what the rewrite puts after it)
+        "pointwise_users": lambda t: _pointwise_users(ctx, _tensor(t)),
         "is_const": lambda t: _tensor(t).op in ("const", "tensor") or ctx.is_frozen(_tensor(t)),
         "is_scalar": lambda t: _tensor(t).meta.kind == "scalar",
         "is_tensor": lambda t: _tensor(t).meta.kind == "tensor",
@@ -249,6 +264,7 @@ GUARD_FUNCTIONS = tuple(_functions(GuardContext(lambda t: 0, lambda t: False)))
 _SIGNATURES: dict[str, tuple[tuple[str, ...], str]] = {
     "rank": (("term",), "int"), "dtype": (("term",), "str"), "shape": (("term",), "tuple"),
     "numel": (("term",), "int"), "device": (("term",), "str"), "users": (("term",), "int"),
+    "pointwise_users": (("term",), "bool"),
     "is_const": (("term",), "bool"), "is_scalar": (("term",), "bool"),
     "is_tensor": (("term",), "bool"), "is_float": (("any",), "bool"),
     "is_param": (("term",), "bool"), "value": (("term",), "any"),

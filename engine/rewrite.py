@@ -129,8 +129,10 @@ class Rewriter:
         self.seconds = seconds
         self.deadline = float("inf")
         self.users: dict[Term, int] = {}
+        self.readers: dict[Term, list[Term | None]] = {}
         self.guards = GuardEval(GuardContext(users=self._users,
-                                             is_frozen=is_frozen or (lambda t: False)))
+                                             is_frozen=is_frozen or (lambda t: False),
+                                             user_categories=self._user_categories))
         self.builder = Builder(table, store, ATTR_FUNCS)
         self.fired: Counter[str] = Counter()
         self.steps = 0
@@ -144,6 +146,12 @@ class Rewriter:
         if t not in self.users:
             raise Undecided("term created in this pass")
         return self.users[t]
+
+    def _user_categories(self, t: Term) -> list[str]:
+        if t not in self.users:
+            raise Undecided("term created in this pass")
+        return ["output" if u is None else self.table.category(u.op) or "unknown"
+                for u in self.readers.get(t, [])]
 
     # ------------------------------------------------------------------ driver
     def run(self, graph: Graph, max_passes: int = 50) -> RewriteResult:
@@ -170,6 +178,7 @@ class Rewriter:
 
     def _pass(self, graph: Graph, budget: int) -> Graph:
         self.users = graph.users()
+        self.readers = graph.readers()
         self.flats = {}
         self.normal: dict[Term, Term] = {}
         self.active: list[tuple[Term, str]] = []  # (term, rule that rewrote it), for cycles

@@ -190,8 +190,9 @@ class Rule:
     @functools.cached_property
     def reads_graph(self) -> bool:
         """Do its guards read more than the matched terms (`users`: how many terms
-        of the graph read one, which another rewrite may change)?"""
-        return any(isinstance(n, S.Call) and n.func == "users"
+        of the graph read one, `pointwise_users`: what they are; another rewrite may
+        change either)?"""
+        return any(isinstance(n, S.Call) and n.func in ("users", "pointwise_users")
                    for node, _ in self.guards for n in S.walk(node))
 
     @property

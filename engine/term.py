@@ -227,6 +227,17 @@ class Graph:
                 count[out] = count.get(out, 0) + 1
         return count
 
+    def readers(self) -> dict[Term, list[Term | None]]:
+        """The terms that read each term, once per use (None: a graph output)."""
+        out: dict[Term, list[Term | None]] = {}
+        for t in self.terms():
+            for a in t.args:
+                out.setdefault(a, []).append(t)
+        for o in self.outputs:
+            if o is not None:
+                out.setdefault(o, []).append(None)
+        return out
+
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for t in self.terms():

@@ -93,3 +93,28 @@ def test_training_with_the_bias_added_after(target, case) -> None:
     want.backward(cot)
     for (name, p), q in zip(m.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, **tol(torch.float32), msg=name)
+
+
+class ConvThenNorm(nn.Module):
+    """ConvNeXt's order: a depthwise convolution read through a permute by a layer
+    norm. No pointwise op takes the add there, so the bias stays the convolution's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x).permute(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_bias_nothing_pointwise_reads_stays_in_the_convolution(target) -> None:
+    torch.manual_seed(0)
+    m = ConvThenNorm().eval().to(DEVICE)
+    x = torch.randn(2, 8, 5, 6, device=DEVICE)
+    report.reset()
+    compiled = torch.compile(m, backend="rewritec", options={"target": target}, dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x), **tol(torch.float32))
+    assert rules_fired()["conv-bias-as-add"] == 0

@@ -122,3 +122,33 @@ def test_a_try_without_a_rewrite_is_not_repeated_in_later_passes() -> None:
     assert result.passes >= 2
     assert rw.stats["sin-never"].tried == 1
     assert rw.stats["cos-once-used"].tried == result.passes
+
+
+EXP_BEFORE_POINTWISE = """
+  - name: exp-dropped-where-pointwise-reads
+    doc: "exp(x) -> x where every reader is pointwise (a made-up rule)"
+    pattern: exp(x) as e
+    replace: x
+    where:
+      - pointwise_users(e)
+    examples: [{expr: "relu(exp(x))", x: 4xf32}]
+"""
+
+
+def test_pointwise_users_asks_what_reads_a_term() -> None:
+    """`pointwise_users` is true where everything that reads the term is a pointwise
+    op, false where a view, an extern op or the graph's output reads it; a rule that
+    asks is retried in later passes (`reads_graph`), as one counting users is."""
+    (rule,) = _rules(EXP_BEFORE_POINTWISE)
+    assert rule.reads_graph
+    store = TermStore()
+    a, b, c = _inputs(store, 3)
+    read_by_relu = store.make("relu", (store.make("exp", (a,), meta=F32),), meta=F32)
+    by_view = store.make("view", (store.make("exp", (b,), meta=F32),), (("size", (2, 2)),),
+                         meta=Meta((2, 2), "f32"))
+    returned = store.make("exp", (c,), meta=F32)
+    result = Rewriter(store, TABLE, [rule]).run(Graph((a, b, c), (read_by_relu, by_view,
+                                                                  returned)))
+    relu_out, view_out, exp_out = result.graph.outputs
+    assert relu_out.args[0] is a
+    assert view_out.args[0].op == "exp" and exp_out.op == "exp"
