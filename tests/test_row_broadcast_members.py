@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import rewritec
 from models import kernel_targets, outside_ops, tol
 from rewritec import report
+from test_kernels import _check
 
 DEVICE, TARGETS = kernel_targets()
 VIEWS = {"view", "reshape", "expand", "t", "permute", "unsqueeze", "_unsafe_view", "squeeze"}
@@ -94,20 +95,12 @@ def test_a_per_row_value_saved_for_the_backward_stays_a_side_output(target) -> N
     grows from the output, before any reduction fixes the row dim, and meets the
     rsqrt first: it is still a per-row side output of the one row kernel."""
     torch.manual_seed(0)
-    w = torch.rand(32, device=DEVICE, requires_grad=True)
-    x = torch.randn(3, 5, 32, device=DEVICE, requires_grad=True)
+    w, x = torch.rand(32, device=DEVICE), torch.randn(3, 5, 32, device=DEVICE)
 
     def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x + 1.0
         return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
 
-    report.reset()
-    torch._dynamo.reset()
-    got = rewritec.compile(rms, target=target, strict=True)(x, w)
-    want = rms(x, w)
-    torch.testing.assert_close(got, want)
-    cot = torch.randn_like(want)
-    torch.testing.assert_close(torch.autograd.grad(got, (x, w), cot),
-                               torch.autograd.grad(want, (x, w), cot))
+    _check(rms, target, x, w, grad=True)  # results and both gradients against eager
     forward = report.RECORDS[0]
     assert [k["kind"] for k in forward.kernels] == ["row"], [k["ops"] for k in forward.kernels]
