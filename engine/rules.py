@@ -78,6 +78,9 @@ ATTR_FUNCS: dict[str, Any] = {
     "align_pad": lambda t, d: -t.meta.shape[d] % 8,
     # the epsilon rms_norm adds when given none: its compute dtype's (f32 for halves)
     "eps_of": lambda t: 2.220446049250313e-16 if t.meta.dtype == "f64" else 1.1920928955078125e-07,
+    # (1, ..., -1, ..., 1) that puts a 1-d index on dim d of a tensor like t, every
+    # other dim of size 1: the index of a take that reads t along d at those positions
+    "index_along": lambda t, d: _index_along(t.meta.rank, d),
     # (-1, 1, 1, ...) that puts a per-channel vector on dim 0 of a tensor like t
     "channel_view": lambda t: (-1,) + (1,) * (t.meta.rank - 1),
     # (-1, 1, ...) that puts a per-channel vector on dim 1 of an activation like t
@@ -89,6 +92,11 @@ ATTR_FUNCS: dict[str, Any] = {
     # how many values of t a reduction over dims ds (None: all) reads for each result
     "reduced_count": lambda t, ds: _reduced_count(t, ds),
 }
+
+
+def _index_along(rank: int, d: int) -> tuple[int, ...]:
+    d %= rank
+    return (1,) * d + (-1,) + (1,) * (rank - 1 - d)
 
 
 def _swapped_dim(d: int, a: int, b: int, rank: int) -> int:
