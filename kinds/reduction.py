@@ -66,7 +66,6 @@ from .tuning import ReductionTuning
 PARALLEL_REDUCTION_MIN = 32768
 
 
-
 def in_prologue(shape: tuple[Any, ...], in_shape: tuple[Any, ...] | None,
                 out_shape: tuple[Any, ...]) -> bool:
     """Is a (non-reduction) member of this shape computed per reduced element (the
@@ -77,6 +76,7 @@ def in_prologue(shape: tuple[Any, ...], in_shape: tuple[Any, ...] | None,
     if in_shape is None:
         return False
     return shape == in_shape or (shape != out_shape and broadcasts(shape, in_shape))
+
 
 def reduction_spec(term: Term, index: int) -> KernelSpec:
     """The KernelSpec of a `reduction` kernel term; `meta` says which dims are
