@@ -150,7 +150,7 @@ class Rewriter:
     def _user_categories(self, t: Term) -> list[str]:
         if t not in self.users:
             raise Undecided("term created in this pass")
-        return ["output" if u is None else self.table.category(u.op) or "unknown"
+        return ["output" if u is None else self.table.category(u.op)
                 for u in self.readers.get(t, [])]
 
     # ------------------------------------------------------------------ driver
@@ -177,8 +177,9 @@ class Rewriter:
         return ", ".join(f"{n} x{c}" if counts else n for n, c in self.fired.most_common(3))
 
     def _pass(self, graph: Graph, budget: int) -> Graph:
-        self.users = graph.users()
+        # one walk over the graph: who reads each term, and so how many times
         self.readers = graph.readers()
+        self.users = {t: len(r) for t, r in self.readers.items()}
         self.flats = {}
         self.normal: dict[Term, Term] = {}
         self.active: list[tuple[Term, str]] = []  # (term, rule that rewrote it), for cycles

@@ -95,12 +95,9 @@ class RowSpace:
                 self.dim = d  # the first reduction fixes the group's row dim
             return d == self.dim
         shape = tuple(t.meta.shape)
-        if self.dim is None and len(shape) == len(self.shape):
+        if self.dim is None:
             # A per-row value seen before any reduction fixes the row dim.
-            ones = [k for k, (a, b) in enumerate(zip(shape, self.shape, strict=True))
-                    if a != b]
-            if len(ones) == 1 and shape[ones[0]] == 1:
-                self.dim = ones[0]
+            self.dim = self._row_dim(shape)
         if shape in (self.shape, self.per_row()):
             return True
         # A value that broadcasts to the rows (a cast of a norm's [D] weights, a
@@ -147,8 +144,15 @@ class RowSpace:
             return False
         if shape == self.shape or self.dim is not None:
             return shape in (self.shape, self.per_row())
-        return len(shape) == len(self.shape) and [
-            a for a, b in zip(shape, self.shape, strict=True) if a != b] == [1]
+        return self._row_dim(shape) is not None
+
+    def _row_dim(self, shape: tuple[Any, ...]) -> int | None:
+        """The dim along which `shape` is one value per row of the space (the space's
+        shape with that one dim of size 1), or None."""
+        if len(shape) != len(self.shape):
+            return None
+        ones = [k for k, (a, b) in enumerate(zip(shape, self.shape, strict=True)) if a != b]
+        return ones[0] if len(ones) == 1 and shape[ones[0]] == 1 else None
 
 
 def _spec(term: Term, index: int) -> KernelSpec:

@@ -9,25 +9,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rewritec  # noqa: F401 - registers the backend
-from models import kernel_targets, outside_ops, rules_fired, tol
+import rewritec
+from models import check_grad, kernel_targets, outside_ops, rules_fired, tol
 from rewritec import report
 
 DEVICE, TARGETS = kernel_targets()
 
 
-def _compare(fn, target: str, x: torch.Tensor, *rest: torch.Tensor, grad: bool = True) -> None:
+def _compare(fn, target: str, x: torch.Tensor, *rest: torch.Tensor) -> None:
+    """`fn` against eager, its value and the gradient of x (models.check_grad), with
+    no index_select left to ATen."""
     report.reset()
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend="rewritec", options={"target": target}, dynamic=False)
-    mine, ref = x.detach().clone().requires_grad_(grad), x.detach().clone().requires_grad_(grad)
-    got, want = compiled(mine, *rest), fn(ref, *rest)
-    torch.testing.assert_close(got, want, **tol(x.dtype))
-    if grad:
-        cot = torch.randn_like(want)
-        got.backward(cot)
-        want.backward(cot)
-        torch.testing.assert_close(mine.grad, ref.grad, **tol(x.dtype))
+    check_grad(fn, x, target, *rest, **tol(x.dtype))
     assert "index_select" not in outside_ops(), outside_ops()
 
 
@@ -49,7 +42,12 @@ def test_index_select_of_one_position(target) -> None:
     index = torch.tensor(2, device=DEVICE)  # 0-d: the dim keeps size 1
     # forward only: torch traces the gradient of a 0-d index_select to an index_put
     # that refuses its own values ("shape mismatch"), whatever the backend compiles
-    _compare(lambda x, i: torch.index_select(x, 1, i) + 1.0, target, x, index, grad=False)
+    fn = lambda x, i: torch.index_select(x, 1, i) + 1.0  # noqa: E731
+    report.reset()
+    torch._dynamo.reset()
+    torch.testing.assert_close(rewritec.compile(fn, target=target, strict=True)(x, index),
+                               fn(x, index))
+    assert "index_select" not in outside_ops(), outside_ops()
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import rewritec
 from models import kernel_targets, outside_ops, tol
 from rewritec import report
 from test_kernels import _check
@@ -21,10 +20,7 @@ VIEWS = {"view", "reshape", "expand", "t", "permute", "unsqueeze", "_unsafe_view
 
 
 def _one_kernel(fn, target: str, *inputs: torch.Tensor, dtype: torch.dtype) -> None:
-    report.reset()
-    torch._dynamo.reset()
-    got = rewritec.compile(fn, target=target, strict=True)(*inputs)
-    torch.testing.assert_close(got, fn(*inputs), **tol(dtype))
+    _check(fn, target, *inputs, tol=tol(dtype)["rtol"])  # against eager
     kernels = [k for r in report.RECORDS for k in r.kernels]
     assert len(kernels) == 1, [k["ops"] for k in kernels]
     assert not set(outside_ops()) - VIEWS, outside_ops()
@@ -82,10 +78,7 @@ def test_a_broadcast_value_read_outside_too(target) -> None:
         e = torch.exp(b)
         return F.softmax(x * e, dim=-1), e.sum() * e
 
-    report.reset()
-    torch._dynamo.reset()
-    got = rewritec.compile(fn, target=target, strict=True)(x, b)
-    torch.testing.assert_close(got, fn(x, b))
+    _check(fn, target, x, b)
     assert not set(outside_ops()) - VIEWS, outside_ops()
 
 
