@@ -188,16 +188,10 @@ def test_statistics_in_one_pass(target: str, dtype: torch.dtype) -> None:
     assert [k["ops"]["mean"] for k in reductions] == [2]
 
 
-# Known wrong: an inf at the shift makes M = s + E_D[d] nan where eager's mean, and so
-# its running mean, is that inf (the output is nan in both). M as E_D[x] where s is
-# inf fixes it but split a bf16 module's mean into a second kernel: not landed yet.
-_INF_AT_SHIFT = pytest.mark.xfail(strict=True, reason="running mean nan where eager's is inf")
-
-
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("value,where", [
-    pytest.param(math.inf, (0, 0, 0, 0), marks=_INF_AT_SHIFT),
-    pytest.param(-math.inf, (0, 0, 0, 0), marks=_INF_AT_SHIFT),
+    (math.inf, (0, 0, 0, 0)),
+    (-math.inf, (0, 0, 0, 0)),
     (math.nan, (0, 0, 0, 0)), (math.inf, (2, 1, 3, 3)), (-math.inf, (2, 1, 3, 3)),
     (math.nan, (2, 1, 3, 3))], ids=str)
 def test_statistics_of_an_inf_or_nan(target: str, value: float, where) -> None:
