@@ -15,12 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.term import Term
-from . import attention, matmul, pointwise, pointwise_tiled, reduction, row, row_looped
+from . import (attention, matmul, pointwise, pointwise_tiled, reduction, row, row_looped,
+               row_multi)
 from .kind import KernelRewrite, Kind
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    pointwise.KIND, pointwise_tiled.KIND, row.KIND, row_looped.KIND, reduction.KIND,
-    matmul.KIND, attention.KIND)}
+    pointwise.KIND, pointwise_tiled.KIND, row.KIND, row_looped.KIND, row_multi.KIND,
+    reduction.KIND, matmul.KIND, attention.KIND)}
 
 # The kinds a rule may name (variants are chosen by their kind, never named) -> the
 # kinds its kernels may run as, itself and its variants: the templates a user's

@@ -51,7 +51,7 @@ from .kernels import (
 )
 from .kind import Kind
 from .row_looped import PERSISTENT_ROW_MAX_COLS, looped
-from .spec import KernelSpec, KInput
+from .spec import KernelSpec, KInput, static_width
 from .templates import render_template
 from .tuning import RowTuning
 
@@ -174,7 +174,23 @@ def _static(spec: KernelSpec) -> int:
 
 
 def _variant(spec: KernelSpec, target: str) -> str | None:
-    return "row_looped" if target == "triton" and looped(spec) else None
+    if target != "triton":
+        return None
+    if looped(spec):
+        return "row_looped"
+    return "row_multi" if narrow(spec) else None
+
+
+# Widest row (static columns) a Triton program takes several of (kinds/row_multi.py):
+# one row of a few dozen values a program leaves most of its lanes idle.
+MULTI_ROW_MAX_COLS = 512
+
+
+def narrow(spec: KernelSpec) -> bool:
+    """Whether a Triton row kernel's rows are narrow enough to take several a
+    program: a static width of at most MULTI_ROW_MAX_COLS."""
+    cols = static_width(spec)
+    return cols is not None and cols <= MULTI_ROW_MAX_COLS
 
 
 # Row width up to which a Triton row's amax/amin is one NaN-propagating tl.reduce:
@@ -193,25 +209,51 @@ def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
 
 
 # ------------------------------------------------------------------------- Triton
-def _render_triton(spec: KernelSpec, table: OpTable) -> str:
+@dataclass(frozen=True)
+class TritonRows:
+    """How a Triton row template lays its rows out: one row a program (`row`, 1-d
+    values, per-row values scalars) or ROWS rows a program (`row_multi`, 2-d values
+    [ROWS, BLOCK_C], per-row values [ROWS, 1], rows past the last masked)."""
+
+    axis: int = 0  # the axis a reduction along the row reduces
+    row_mask: str | None = None  # the mask of a per-row load or store
+
+    def keep(self) -> str:
+        """A reduction's last arguments: its result keeps the reduced axis, of size 1,
+        where values are 2-d."""
+        return ", keep_dims=True" if self.axis else ""
+
+
+ONE_ROW = TritonRows()
+
+
+def render_triton(spec: KernelSpec, table: OpTable, rows: TritonRows = ONE_ROW,
+                  **extra: Any) -> str:
+    """The Triton source of a row kernel whose template lays rows out as `rows`
+    says; `extra`: more template variables."""
     names = term_names(spec)
     tables = _tables(spec)
-    loads = [_triton_load(spec, k, inp) for k, inp in enumerate(spec.inputs) if k not in tables]
+    loads = [_triton_load(spec, k, inp, rows) for k, inp in enumerate(spec.inputs)
+             if k not in tables]
     stmts: list[str] = []
     for t in spec.body:
         if t.op in ROW_REDUCTIONS:
-            stmts += _triton_reduce(spec, t, names)
+            stmts += _triton_reduce(spec, t, names, rows)
         elif t.op == "take":
             stmts += _triton_take(spec, t, names)
         elif t.op not in ("arg", "const"):
             stmts.append(triton_statement(t, names, table))
-    stores = [triton_store(spec, o, names[t], "row", None) if o.per_row else
+    stores = [triton_store(spec, o, names[t], "row", rows.row_mask) if o.per_row else
               triton_store(spec, o, names[t], "row * n_cols + cols", "mask")
               for o, t in zip(spec.outputs, spec.written, strict=True)]
     return render_template(f"triton/{spec.template}.py.j2", spec.template_dirs,
                            header=kernel_header(spec, "triton", "#"), name=spec.symbol,
                            params=triton_params(spec, row_width_param(spec)), loads=loads,
-                           stmts=stmts, stores=stores)
+                           stmts=stmts, stores=stores, **extra)
+
+
+def _render_triton(spec: KernelSpec, table: OpTable) -> str:
+    return render_triton(spec, table)
 
 
 def _tables(spec: KernelSpec) -> set[int]:
@@ -237,33 +279,35 @@ def _triton_take(spec: KernelSpec, t: Term, names: dict[Term, str]) -> list[str]
                         names[t])]
 
 
-def _triton_load(spec: KernelSpec, k: int, inp: KInput) -> str:
+def _triton_load(spec: KernelSpec, k: int, inp: KInput, rows: TritonRows) -> str:
     if inp.flat:
-        return triton_load(spec, k, "row", None) if inp.per_row else \
+        return triton_load(spec, k, "row", rows.row_mask) if inp.per_row else \
             triton_load(spec, k, "row * n_cols + cols", "mask")
     row = print_index(strided_offset(spec.rank, inp.name, "row", skip_last=True), "triton")
     if inp.per_row:
-        return triton_load(spec, k, row, None)
+        return triton_load(spec, k, row, rows.row_mask)
     return triton_load(spec, k, f"{row} + cols * {inp.name}_stride{spec.rank - 1}", "mask")
 
 
-def _triton_reduce(spec: KernelSpec, t: Term, names: dict[Term, str]) -> list[str]:
+def _triton_reduce(spec: KernelSpec, t: Term, names: dict[Term, str],
+                   rows: TritonRows) -> list[str]:
     """The lines reducing `t`'s operand along the row into names[t]."""
-    src = names[t.args[0]]
+    src, axis, keep = names[t.args[0]], rows.axis, rows.keep()
     if t.op in ("sum", "mean"):
-        e = f"tl.sum(tl.where(mask, {src}, 0.0), axis=0)"
+        e = f"tl.sum(tl.where(mask, {src}, 0.0), axis={axis}{keep})"
         return [f"{names[t]} = {e} / n_cols" if t.op == "mean" else f"{names[t]} = {e}"]
     fill = "float('-inf')" if t.op == "amax" else "float('inf')"
     # tl.max drops nan; torch.amax returns nan for a row that has one.
     if int(spec.meta.get("cols") or 0) <= NAN_COMBINE_MAX_COLS:
         # one reduction whose combine function propagates nan
         fn = "_max_propagate_nan" if t.op == "amax" else "_min_propagate_nan"
-        return [f"{names[t]} = tl.reduce(tl.where(mask, {src}, {fill}), 0, {fn})"]
+        return [f"{names[t]} = tl.reduce(tl.where(mask, {src}, {fill}), {axis}, {fn}{keep})"]
     # wide rows: tl.max plus a count of nans is faster there
     fn = "tl.max" if t.op == "amax" else "tl.min"
-    return [f"{names[t]}_nan = tl.sum(tl.where(mask & ({src} != {src}), 1, 0), axis=0) > 0",
+    return [f"{names[t]}_nan = tl.sum(tl.where(mask & ({src} != {src}), 1, 0), "
+            f"axis={axis}{keep}) > 0",
             f"{names[t]} = tl.where({names[t]}_nan, float('nan'), "
-            f"{fn}(tl.where(mask, {src}, {fill}), axis=0))"]
+            f"{fn}(tl.where(mask, {src}, {fill}), axis={axis}{keep}))"]
 
 
 # ------------------------------------------------------------------------- OpenMP

@@ -530,6 +530,21 @@ class LoopedRowTritonLauncher(RowTritonLauncher):
         return min(LOOPED_ROW_MAX_WARPS, row_warps(block))
 
 
+class MultiRowTritonLauncher(RowTritonLauncher):
+    """Narrow rows, ROWS a program (kinds/row_multi.py)."""
+
+    def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
+             ) -> None:
+        space = g.space
+        cols = space[-1]
+        rows = _numel(space) // cols
+        block = self.block(cols)
+        per = rows_per_program(block, rows)
+        self.kernel[(triton_cdiv(rows, per),)](*tensors, *outs, cols, *space, *g.strides,
+                                               ROWS=per, BLOCK_C=block,
+                                               num_warps=self.warps(per * block))
+
+
 class MatmulLauncher(Launcher):
     """A matrix product with its epilogue (kinds/matmul.py); Triton only."""
 
@@ -561,6 +576,21 @@ def row_warps(block: int) -> int:
     """Warps for a persistent row: enough that a row of BLOCK_C values fits in
     registers (about 8 per thread) without spilling."""
     return max(1, min(32, block // 256))
+
+
+# Values a program of a multi-row kernel holds (ROWS x BLOCK_C), and the fewest
+# programs it keeps while it can (a narrow softmax of few rows still fills the GPU)
+MULTI_ROW_VALUES = 2048
+MULTI_ROW_MIN_PROGRAMS = 1024
+
+
+def rows_per_program(block: int, rows: int) -> int:
+    """ROWS of a multi-row kernel: a power of two, MULTI_ROW_VALUES // block at
+    most, halved while that leaves fewer than MULTI_ROW_MIN_PROGRAMS programs."""
+    per = max(1, MULTI_ROW_VALUES // block)
+    while per > 1 and rows < per * MULTI_ROW_MIN_PROGRAMS:
+        per //= 2
+    return per
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -25,7 +25,8 @@ from .triton_direct import DirectKernel
 
 LAUNCHERS: dict[str, type[Launcher]] = {c.__name__: c for c in (
     launch.CppLauncher, launch.TritonLauncher, launch.TiledTritonLauncher,
-    launch.RowTritonLauncher, launch.LoopedRowTritonLauncher, launch.MatmulLauncher,
+    launch.RowTritonLauncher, launch.LoopedRowTritonLauncher, launch.MultiRowTritonLauncher,
+    launch.MatmulLauncher,
     launch.AttentionLauncher, reduction_launch.ReductionCppLauncher,
     reduction_launch.ReductionTritonLauncher)}
 

@@ -96,4 +96,6 @@ def test_a_per_row_value_saved_for_the_backward_stays_a_side_output(target) -> N
 
     _check(rms, target, x, w, grad=True)  # results and both gradients against eager
     forward = report.RECORDS[0]
-    assert [k["kind"] for k in forward.kernels] == ["row"], [k["ops"] for k in forward.kernels]
+    # one row kernel (row_multi: Triton's narrow rows, several a program)
+    assert [k["kind"] for k in forward.kernels] in (["row"], ["row_multi"]), \
+        [k["ops"] for k in forward.kernels]
