@@ -8,6 +8,7 @@ counts as false, so an undecided guard never lets a rewrite through.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +34,21 @@ class GuardContext:
     # the op category of each reader of a term ("output" for a graph output), for
     # `pointwise_users`; where unknown, the guard is undecided (false)
     user_categories: Callable[[Term], list[str]] = field(default=lambda t: _unknown(t))
+    # the op table's category of a term's op ("pointwise", "view", ...), for `computed`
+    category: Callable[[Term], str] = field(default=lambda t: _unknown_category(t))
 
 
 def _unknown(t: Term) -> list[str]:
     raise Undecided("the graph's readers are not known here")
+
+
+def _unknown_category(t: Term) -> str:
+    raise Undecided("the op table is not known here")
+
+
+# What a kernel computes: values of these categories (engine/ops.py), not inputs,
+# views of them or library calls
+COMPUTED = ("pointwise", "reduction", "indexed")
 
 
 def _tensor(t: Any) -> Term:
@@ -103,6 +115,72 @@ def _same_off(a: Term, b: Term, d: Any) -> bool:
     return all(x == y for k, (x, y) in enumerate(zip(sa, sb, strict=True)) if k != d)
 
 
+def broadcast_view(y: Term, t: Term, size: Any) -> tuple[int, ...] | None:
+    """The shape operand `y` of pointwise work `t` takes when `t` is viewed as `size`:
+    view(f(x, y), size) == f(view(x, .), view(y, .)). Dims of t merged or split by the
+    view must be all read by y (sizes equal) or none (size 1, broadcast); None where
+    they are not (y varies along part of a merged dim: no view of y reads it so), or
+    where a size is not known."""
+    shape = tuple(t.meta.shape)
+    ys = tuple(y.meta.shape)
+    if len(ys) > len(shape):
+        return None
+    ys = (1,) * (len(shape) - len(ys)) + ys
+    try:
+        target = [int(v) for v in size]
+        dims = [int(v) for v in shape]
+        ydims = [int(v) for v in ys]
+    except (TypeError, ValueError):
+        return None
+    numel = math.prod(dims)
+    if target.count(-1) == 1:
+        rest = math.prod(v for v in target if v != -1)
+        if rest == 0 or numel % rest:
+            return None
+        target[target.index(-1)] = numel // rest
+    if numel == 0 or math.prod(target) != numel or any(v < 1 for v in target):
+        return None
+    out = [1] * len(target)
+    i = j = 0
+    while True:
+        while i < len(dims) and dims[i] == 1:
+            i += 1
+        while j < len(target) and target[j] == 1:
+            j += 1
+        if i == len(dims) or j == len(target):
+            break
+        gi, gj, px, pt = [i], [j], dims[i], target[j]
+        while px != pt:
+            if px < pt:
+                i += 1
+                gi.append(i)
+                px *= dims[i]
+            else:
+                j += 1
+                gj.append(j)
+                pt *= target[j]
+        i, j = i + 1, j + 1
+        read = [ydims[k] != 1 for k in gi if dims[k] != 1]
+        if all(read):
+            for k in gj:
+                out[k] = target[k]
+        elif any(read):
+            return None
+    return tuple(out)
+
+
+def _views_through(y: Term, t: Term, size: Any) -> bool:
+    """`broadcast_view` has a shape for y, and y takes it as a view (no copy): y is
+    contiguous, or the view only adds or drops dims of size 1."""
+    y = _tensor(y)
+    out = broadcast_view(y, _tensor(t), size)
+    if out is None:
+        return False
+    if _contiguous(y):
+        return True
+    return [v for v in y.meta.shape if v != 1] == [v for v in out if v != 1]
+
+
 def _reduces_innermost(t: Term) -> bool:
     """`t` reduces along its input's innermost dim in memory (by strides where they
     are known, else the last dim of size other than 1). A row kernel reads such a
@@ -142,6 +220,11 @@ def _functions(ctx: GuardContext) -> dict[str, Callable[..., Any]]:
         # something reads it, and everything that does is pointwise work (where a
         # pointwise kernel can take in what the rewrite puts after it)
         "pointwise_users": lambda t: _pointwise_users(ctx, _tensor(t)),
+        # view(f(x, y), s) can read y through a view (rules/simplify/hoist_views.yaml)
+        "views_through": _views_through,
+        # work a kernel computes (pointwise, a reduction, a gather), not an input, a
+        # view or a library call's result, which a kernel reads where it lies
+        "computed": lambda t: ctx.category(_tensor(t)) in COMPUTED,
         "is_const": lambda t: _tensor(t).op in ("const", "tensor") or ctx.is_frozen(_tensor(t)),
         "is_scalar": lambda t: _tensor(t).meta.kind == "scalar",
         "is_tensor": lambda t: _tensor(t).meta.kind == "tensor",
@@ -264,7 +347,8 @@ GUARD_FUNCTIONS = tuple(_functions(GuardContext(lambda t: 0, lambda t: False)))
 _SIGNATURES: dict[str, tuple[tuple[str, ...], str]] = {
     "rank": (("term",), "int"), "dtype": (("term",), "str"), "shape": (("term",), "tuple"),
     "numel": (("term",), "int"), "device": (("term",), "str"), "users": (("term",), "int"),
-    "pointwise_users": (("term",), "bool"),
+    "pointwise_users": (("term",), "bool"), "views_through": (("term", "term", "any"), "bool"),
+    "computed": (("term",), "bool"),
     "is_const": (("term",), "bool"), "is_scalar": (("term",), "bool"),
     "is_tensor": (("term",), "bool"), "is_float": (("any",), "bool"),
     "is_param": (("term",), "bool"), "value": (("term",), "any"),

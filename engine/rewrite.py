@@ -132,7 +132,8 @@ class Rewriter:
         self.readers: dict[Term, list[Term | None]] = {}
         self.guards = GuardEval(GuardContext(users=self._users,
                                              is_frozen=is_frozen or (lambda t: False),
-                                             user_categories=self._user_categories))
+                                             user_categories=self._user_categories,
+                                             category=lambda t: self.table.category(t.op)))
         self.builder = Builder(table, store, ATTR_FUNCS)
         self.fired: Counter[str] = Counter()
         self.steps = 0

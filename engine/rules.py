@@ -30,7 +30,7 @@ from typing import Any
 from . import syntax as S
 from .arith import ARITH
 from .errors import RuleError, RuleErrors, Where
-from .guards import DTYPE_NAMES, GUARD_FUNCTIONS, guard_problem
+from .guards import DTYPE_NAMES, GUARD_FUNCTIONS, broadcast_view, guard_problem
 from .ops import (
     CATEGORIES,
     OpTable,
@@ -91,7 +91,16 @@ ATTR_FUNCS: dict[str, Any] = {
     "channel_count": lambda t: _channel_count(t),
     # how many values of t a reduction over dims ds (None: all) reads for each result
     "reduced_count": lambda t, ds: _reduced_count(t, ds),
+    # the shape operand y of pointwise work t takes when t is viewed as s (guards.py)
+    "viewed_as": lambda y, t, s: _viewed_as(y, t, s),
 }
+
+
+def _viewed_as(y: Any, t: Any, s: Any) -> tuple[int, ...]:
+    out = broadcast_view(y, t, s)
+    if out is None:  # refused: the rule's guard `views_through` says the same
+        raise TypeError("viewed_as: no view of the operand reads it so")
+    return out
 
 
 def _index_along(rank: int, d: int) -> tuple[int, ...]:
