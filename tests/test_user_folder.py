@@ -301,7 +301,7 @@ RENDER_CASES = [
     ("fuse-pointwise", {"expr": "clone(permute(x, dims=[1, 0]), memory_format='contiguous_format')",
                    "x": "16x32xf32"}, "triton", "pointwise_tiled"),
     ("fuse-row", None, "openmp", "row"),
-    ("fuse-row", {"x": "4x1024xf32"}, "triton", "row"),
+    ("fuse-row", {"x": "4x1500xf32"}, "triton", "row"),
     ("fuse-row", None, "triton", "row_multi"),
     ("fuse-row", {"x": "4x4096xf32"}, "triton", "row_looped"),
     ("fuse-reduction", None, "openmp", "reduction"),
