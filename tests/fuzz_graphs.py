@@ -623,6 +623,12 @@ KNOWN_FAILURES: dict[str, tuple[str, Callable[[Graph, dict[str, Any]], bool] | N
     "triton-interpreter-truncates-bfloat16": (
         r"FuzzFailure: .*Tensor-likes are not close!",
         lambda g, o: o.get("target") == "triton" and least_precise(g) == "bf16"),
+    # test_fp_contract.py: test_layer_norm_near_overflow. A row whose variance overflows
+    # f32 (exp of an int8 input reaches 1e23, its square inf) is nan in rewritec and
+    # often 0 in eager (its Welford steps stay finite), both far from the f64 answer
+    "layer-norm-variance-overflow": (
+        r"FuzzFailure: .*Tensor-likes are not close!.*difference: nan",
+        lambda g, o: any(op.op == "layer_norm" for op in g.ops())),
     # test_layer_norm_of_a_constant_row
     "layer-norm-decomposition-on-a-constant-row": (
         r"FuzzFailure: .*Tensor-likes are not close!",
