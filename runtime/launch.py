@@ -505,9 +505,10 @@ class RowTritonLauncher(TritonLauncher):
         space = g.space
         cols = space[-1]
         rows = _numel(space) // cols
-        block = self.block(cols)
-        self.kernel[(rows,)](*tensors, *outs, cols, *space, *g.strides, BLOCK_C=block,
-                             num_warps=self.warps(block))
+        self._launch_rows(rows, self.block(cols), (*tensors, *outs, cols, *space, *g.strides))
+
+    def _launch_rows(self, rows: int, block: int, args: tuple[Any, ...]) -> None:
+        self.kernel[(rows,)](*args, BLOCK_C=block, num_warps=self.warps(block))
 
     def warps(self, block: int) -> int:
         return row_warps(block)
@@ -533,15 +534,9 @@ class LoopedRowTritonLauncher(RowTritonLauncher):
 class MultiRowTritonLauncher(RowTritonLauncher):
     """Narrow rows, ROWS a program (kinds/row_multi.py)."""
 
-    def _run(self, g: _Geometry, outs: list[torch.Tensor], tensors: Sequence[torch.Tensor]
-             ) -> None:
-        space = g.space
-        cols = space[-1]
-        rows = _numel(space) // cols
-        block = self.block(cols)
+    def _launch_rows(self, rows: int, block: int, args: tuple[Any, ...]) -> None:
         per = rows_per_program(block, rows)
-        self.kernel[(triton_cdiv(rows, per),)](*tensors, *outs, cols, *space, *g.strides,
-                                               ROWS=per, BLOCK_C=block,
+        self.kernel[(triton_cdiv(rows, per),)](*args, ROWS=per, BLOCK_C=block,
                                                num_warps=self.warps(per * block))
 
     def warps(self, block: int) -> int:
