@@ -629,6 +629,13 @@ KNOWN_FAILURES: dict[str, tuple[str, Callable[[Graph, dict[str, Any]], bool] | N
     "layer-norm-variance-overflow": (
         r"FuzzFailure: .*Tensor-likes are not close!.*difference: nan",
         lambda g, o: any(op.op == "layer_norm" for op in g.ops())),
+    # test_layout.py: test_nonfinite_weights_over_zero_padding_follow_the_nhwc_convolution.
+    # An inf weight over zero padding: nan in ATen's NCHW convolution, not in the NHWC
+    # one the layout pass runs (seed 14)
+    "conv-nonfinite-weight-over-padding": (
+        r"FuzzFailure: .*Tensor-likes are not close!.*difference: nan",
+        lambda g, o: o.get("target") != "aten" and any(op.op == "conv2d" for op in g.ops())
+        and any(s.values == "special" for _, s in g.inputs())),
     # test_layer_norm_of_a_constant_row
     "layer-norm-decomposition-on-a-constant-row": (
         r"FuzzFailure: .*Tensor-likes are not close!",

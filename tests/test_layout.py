@@ -1,14 +1,16 @@
 """The layout phase (passes/layout.py): convolutions in channels_last.
 
-`auto` converts on CUDA only, so these tests force `conv_layout="channels_last"`
-on the CPU: the compiled model must compute what eager computes, hand back
-outputs with eager's strides, and the change must really have happened (the
-compile report's `layout` entry and the generated wrapper say so). Kernels run
-for both targets: OpenMP, and Triton through its interpreter.
+`auto` converts only where the copies pay (passes/layout.py: pays_off), so these
+tests force `conv_layout="channels_last"` on the CPU: the compiled model must
+compute what eager computes, hand back outputs with eager's strides, and the
+change must really have happened (the compile report's `layout` entry and the
+generated wrapper say so). Kernels run for both targets: OpenMP, and Triton
+through its interpreter.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -470,3 +472,30 @@ def test_replayed_training_on_cuda_saves_nhwc_activations(amp: bool) -> None:
     assert forward[0].layout["saved_in_new_layout"] >= 3
     assert all(r.status == "compiled" for r in report.RECORDS), \
         [(r.name, r.status, r.reason) for r in report.RECORDS]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nonfinite_weights_over_zero_padding_follow_the_nhwc_convolution(target: str) -> None:
+    """Known divergence (README, Reliability): an inf weight over zero padding is nan
+    in ATen's NCHW convolution (inf * 0) and not in its NHWC one, which skips the
+    padding; under channels_last rewritec's convolution is the NHWC one, so its result
+    is eager's for a channels_last input. Inf and nan inputs with finite weights agree
+    with eager's NCHW result."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 5, 4)
+    w = torch.randn(9, 1, 3, 2)
+    w[0, 0, 0, 0], w[4, 0, 2, 1] = math.inf, -math.inf
+    b = torch.randn(9)
+
+    def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w, b, stride=2, padding=1, groups=3)
+
+    compiled = torch.compile(conv, backend="rewritec", options={
+        "strict": True, "target": target, "conv_layout": "channels_last"})
+    cl = torch.channels_last
+    nhwc = conv(x.contiguous(memory_format=cl), w.contiguous(memory_format=cl), b)
+    assert conv(x, w, b).isnan().sum() > nhwc.isnan().sum()  # the two ATen layouts differ
+    torch.testing.assert_close(compiled(x, w, b), nhwc.contiguous(), equal_nan=True)
+    x[0, 1, 2, 2], x[0, 2, 4, 3] = math.inf, math.nan
+    w = torch.randn(9, 1, 3, 2)
+    torch.testing.assert_close(compiled(x, w, b), conv(x, w, b), equal_nan=True)
