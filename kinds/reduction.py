@@ -78,6 +78,42 @@ def in_prologue(shape: tuple[Any, ...], in_shape: tuple[Any, ...] | None,
     return shape == in_shape or (shape != out_shape and broadcasts(shape, in_shape))
 
 
+def member_phases(body: list[Term], written: list[Term], in_shape: tuple[Any, ...],
+                  out_shape: tuple[Any, ...]) -> dict[Term, set[str]]:
+    """Which phases compute each member: "in" (the prologue, per reduced element) where
+    a reduction's operand needs it, "out" (the epilogue, per output) where an output
+    or the epilogue does; reductions are "in". A value that broadcasts to both spaces
+    (a 0-d one) may be needed by both, and is computed in each from inputs read
+    through the broadcast: by shape alone (`in_prologue`) it was the prologue's, which
+    an epilogue reading it then missed (a bf16 amax's gradient, found by the fuzzer).
+    A member neither phase reaches keeps its phase by shape."""
+    phases: dict[Term, set[str]] = {t: set() for t in body}
+
+    def mark(t: Term, phase: str) -> None:
+        stack = [t]
+        while stack:
+            u = stack.pop()
+            if u.op in ("arg", "const") or phase in phases.setdefault(u, set()):
+                continue
+            if u.op in ROW_REDUCTIONS:
+                if phase == "out":  # its result: the epilogue reads what it reduced
+                    mark(u, "in")
+                    continue
+            phases[u].add(phase)
+            stack.extend(u.args)
+
+    for t in written:
+        mark(t, "out")
+    for t in body:
+        if t.op in ROW_REDUCTIONS:
+            mark(t, "in")
+    for t in body:
+        if t.op not in ("arg", "const") and not phases[t]:
+            phases[t].add("in" if in_prologue(tuple(t.meta.shape), in_shape, out_shape)
+                          else "out")
+    return phases
+
+
 def reduction_spec(term: Term, index: int) -> KernelSpec:
     """The KernelSpec of a `reduction` kernel term; `meta` says which dims are
     reduced and, per input, which phase reads it and whether it is read flat."""
@@ -93,14 +129,11 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
     rank = len(in_shape)
     kept = [d for d in range(rank) if d not in dims]
     phases: dict[int, set[str]] = {i: set() for i in range(len(term.args))}
-    for t in body:
-        if t.op in ("arg", "const"):
-            continue
-        phase = "in" if t.op in ROW_REDUCTIONS or in_prologue(
-            tuple(t.meta.shape), in_shape, out_shape) else "out"
+    written = list(kernel_outputs(term))
+    for t, member in member_phases(body, written, in_shape, out_shape).items():
         for a in t.args:
             if a.op == "arg":
-                phases[a.attr("index")].add(phase)
+                phases[a.attr("index")].update(member)
     trailing = tuple(dims) == tuple(range(len(kept), rank))
     inputs, in_flat, out_flat = [], [], []
     for i, a in enumerate(term.args):
@@ -111,7 +144,6 @@ def reduction_spec(term: Term, index: int) -> KernelSpec:
         flat = all(in_flat[i] if p == "in" else out_flat[i] for p in phases[i])
         inputs.append(KInput(f"in{i}", a.meta.dtype, flat, False, rank))
     ops = [t for t in body if t.op not in ("arg", "const")]
-    written = list(kernel_outputs(term))
     digest = hashlib.sha256(repr((term.attr("rule"), [_key(t) for t in body],
                                   [body.index(t) for t in written], rank, dims,
                                   first.attr("keepdim"), [sorted(p) for p in phases.values()],
@@ -167,17 +199,20 @@ def _offsets(spec: KernelSpec, i: int, phase: str, o: str, r: str, target: str) 
 
 
 def _split(spec: KernelSpec) -> tuple[list[Term], list[Term], list[Term]]:
-    """(prologue, reductions, epilogue) terms in body order."""
-    in_shape, out_shape = spec.meta["in_shape"], spec.meta["out_shape"]
+    """(prologue, reductions, epilogue) terms in body order (`member_phases`: a value
+    both phases need is in both lists)."""
+    phases = member_phases(spec.body, spec.written, spec.meta["in_shape"],
+                           spec.meta["out_shape"])
     pro, red, epi = [], [], []
     for t in spec.body:
         if t.op in ("arg", "const"):
             continue
         if t.op in ROW_REDUCTIONS:
             red.append(t)
-        elif in_prologue(tuple(t.meta.shape), in_shape, out_shape):
+            continue
+        if "in" in phases[t]:
             pro.append(t)
-        else:
+        if "out" in phases[t]:
             epi.append(t)
     return pro, red, epi
 

@@ -482,3 +482,45 @@ def test_float_value_of_an_integer_program_has_its_dtypes_tolerance() -> None:
         Op('sqrt_abs', (0,)),
         Op('sqrt_abs', (1,)),
     )), AUTO)
+
+
+# --------------------------------------------------------------------------- reduction phases
+# scripts/fuzz_long.py --seed 14, target auto, 2026-11-29. An amax's gradient over a
+# 16-element bf16 vector sums a mask of shape (16,) into (1,) and divides 0-d values
+# by the count: those 0-d values broadcast to both the reduced input and the output,
+# so by shape alone (kinds/reduction.py: in_prologue) they were the prologue's, and
+# the epilogue that divides by them read a name nothing defined (g++ rejected the
+# kernel; strict compiles failed, others fell back to ATen). Fixed: members take
+# their phases from what reads them (member_phases), a value both read in both.
+@TARGETS
+def test_a_value_both_reduction_phases_read(options: dict) -> None:
+    check_graph(Graph((
+        Input((16,), 'bf16', 'expand', 'special'),
+        Input((), 'bf16', 'contig', 'special'),
+        Op('sin', (0,)),
+        Op('where_s', (0,), ('ne', -1.0, -1.0)),
+        Op('log', (3,)),
+        Op('exp', (4,)),
+        Op('amax', (2,), (None, False)),
+        Op('relu', (6,)),
+        Op('add_s', (5,), (0.0,)),
+        Op('sub_s', (3,), (1,)),
+        Op('relu', (7,)),
+    ), grad=True), options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@TARGETS
+def test_a_zero_dim_divisor_after_a_keepdim_sum(options: dict, dtype: torch.dtype) -> None:
+    """The same kernel, written out: sum(exp(x), keepdim) / relu(s), s 0-d."""
+    if options["target"] == "triton" and dtype == torch.bfloat16:
+        pytest.skip("the interpreter truncates bf16 (fuzz_graphs: KNOWN_FAILURES)")
+    x, s = torch.randn(16, dtype=dtype), torch.tensor(3.0, dtype=dtype)
+
+    def f(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return x.exp().sum(0, keepdim=True) / torch.relu(s)
+
+    torch._dynamo.reset()
+    got = rewritec.compile(f, strict=True, **options)(x, s)
+    torch.testing.assert_close(got, f(x, s), **({} if dtype == torch.float32
+                                                 else {"rtol": 2e-2, "atol": 2e-2}))
