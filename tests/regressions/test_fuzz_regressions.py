@@ -524,3 +524,32 @@ def test_a_zero_dim_divisor_after_a_keepdim_sum(options: dict, dtype: torch.dtyp
     got = rewritec.compile(f, strict=True, **options)(x, s)
     torch.testing.assert_close(got, f(x, s), **({} if dtype == torch.float32
                                                  else {"rtol": 2e-2, "atol": 2e-2}))
+
+
+# --------------------------------------------------------------------------- clamp at zero
+# scripts/fuzz_long.py --seed 2612, target triton, 2026-11-29. ATen's clamp keeps x
+# where it equals the bound (max(x, lo) as `x < lo ? lo : x`), so clamp(-0.0, 0) is
+# -0.0 and its negation 0.0; the Triton expressions were tl.maximum / tl.minimum,
+# which gave +0.0 there (the sign of a zero a following division would show as an
+# infinity's). Fixed: rules/ops.yaml writes clamp_min and clamp_max as ATen does.
+@TARGETS
+def test_clamp_keeps_a_negative_zero_at_a_zero_bound(options: dict) -> None:
+    check_graph(Graph((
+        Input((3, 3, 11), 'f32', 'expand', 'special'),
+        Op('clamp', (0,), (0.0, 2.0)),
+        Op('neg', (1,)),
+    )), options)
+
+
+@TARGETS
+def test_clamp_bounds_of_signed_zeros(options: dict) -> None:
+    x = torch.tensor([-0.0, 0.0, -1.0, 3.0, float("nan"), float("-inf"), float("inf")])
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return 1.0 / torch.clamp(x, 0.0, 2.0), 1.0 / torch.clamp(x, -2.0, -0.0), \
+            1.0 / torch.clamp_min(x, 0.0), 1.0 / torch.clamp_max(x, -0.0)
+
+    torch._dynamo.reset()
+    got = rewritec.compile(f, strict=True, **options)(x)
+    for g, w in zip(got, f(x), strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)  # +-inf: the zeros' signs
