@@ -95,10 +95,8 @@ def member_phases(body: list[Term], written: list[Term], in_shape: tuple[Any, ..
             u = stack.pop()
             if u.op in ("arg", "const") or phase in phases.setdefault(u, set()):
                 continue
-            if u.op in ROW_REDUCTIONS:
-                if phase == "out":  # its result: the epilogue reads what it reduced
-                    mark(u, "in")
-                    continue
+            if phase == "out" and u.op in ROW_REDUCTIONS:
+                continue  # the epilogue reads its result; the prologue computes it
             phases[u].add(phase)
             stack.extend(u.args)
 

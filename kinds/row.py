@@ -206,7 +206,7 @@ def render(spec: KernelSpec, target: str, simd_decls: tuple[str, ...],
            table: OpTable) -> str:
     check_template(spec, target)
     if target == "triton":
-        return _render_triton(spec, table)
+        return render_triton(spec, table)
     return _CppRow(spec, table).render(simd_decls)
 
 
@@ -252,10 +252,6 @@ def render_triton(spec: KernelSpec, table: OpTable, rows: TritonRows = ONE_ROW,
                            header=kernel_header(spec, "triton", "#"), name=spec.symbol,
                            params=triton_params(spec, row_width_param(spec)), loads=loads,
                            stmts=stmts, stores=stores, **extra)
-
-
-def _render_triton(spec: KernelSpec, table: OpTable) -> str:
-    return render_triton(spec, table)
 
 
 def _tables(spec: KernelSpec) -> set[int]:
